@@ -1,0 +1,196 @@
+// dsoop.c: opens the TVM-FFI runtime and calls TVM functions (see dsoop.h).
+#include "dsoop.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The TVM-FFI C ABI entry points this file uses, resolved from libtvm_ffi.so.
+static struct {
+  int (*function_get_global)(const TVMFFIByteArray*, TVMFFIObjectHandle*);
+  int (*object_inc_ref)(TVMFFIObjectHandle);
+  int (*object_dec_ref)(TVMFFIObjectHandle);
+  void (*error_move_from_raised)(TVMFFIObjectHandle*);
+  TVMFFIObjectHandle module_load_from_file;  // ffi.ModuleLoadFromFile
+  TVMFFIObjectHandle module_get_function;    // ffi.ModuleGetFunction
+} api;
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int ready;  // written under init_mu, read after a successful init only
+
+static char* copy_bytes(const char* data, size_t size) {
+  char* s = (char*)malloc(size + 1);
+  if (s != NULL) {
+    memcpy(s, data, size);
+    s[size] = '\0';
+  }
+  return s;
+}
+
+static int set_error(DsoopError* err, const char* kind, const char* fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  err->kind = copy_bytes(kind, strlen(kind));
+  err->message = copy_bytes(buf, strlen(buf));
+  return -1;
+}
+
+void dsoop_error_clear(DsoopError* err) {
+  free(err->kind);
+  free(err->message);
+  err->kind = NULL;
+  err->message = NULL;
+}
+
+// The payload of an object follows its header (c_api.h: TVMFFIObject).
+static void* object_cell(TVMFFIObjectHandle obj) { return (char*)obj + sizeof(TVMFFIObject); }
+
+// Moves the error TVM raised on this thread into err.
+static int take_raised_error(DsoopError* err) {
+  TVMFFIObjectHandle e = NULL;
+  api.error_move_from_raised(&e);
+  if (e == NULL) return set_error(err, "RuntimeError", "TVM reported a failure but raised no error");
+  const TVMFFIErrorCell* cell = (const TVMFFIErrorCell*)object_cell(e);
+  err->kind = copy_bytes(cell->kind.data, cell->kind.size);
+  err->message = copy_bytes(cell->message.data, cell->message.size);
+  api.object_dec_ref(e);
+  return -1;
+}
+
+static int get_global(const char* name, TVMFFIObjectHandle* out, DsoopError* err) {
+  TVMFFIByteArray bytes = {name, strlen(name)};
+  if (api.function_get_global(&bytes, out) != 0) return take_raised_error(err);
+  if (*out == NULL) {
+    return set_error(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
+  }
+  return 0;
+}
+
+#define RESOLVE(field, symbol)                                                           \
+  do {                                                                                   \
+    *(void**)(&api.field) = dlsym(ffi, symbol);                                          \
+    if (api.field == NULL) {                                                             \
+      set_error(err, "RuntimeError", "%s does not export %s: not a TVM-FFI runtime",     \
+                ffi_library, symbol);                                                    \
+      goto fail;                                                                         \
+    }                                                                                    \
+  } while (0)
+
+int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err) {
+  pthread_mutex_lock(&init_mu);
+  if (ready) {
+    pthread_mutex_unlock(&init_mu);
+    return 0;
+  }
+  // The handles are never closed: TVM modules keep pointers into these libraries.
+  void* ffi = dlopen(ffi_library, RTLD_NOW | RTLD_GLOBAL);
+  if (ffi == NULL) {
+    set_error(err, "RuntimeError", "cannot open the TVM-FFI runtime: %s", dlerror());
+    goto fail;
+  }
+  RESOLVE(function_get_global, "TVMFFIFunctionGetGlobal");
+  RESOLVE(object_inc_ref, "TVMFFIObjectIncRef");
+  RESOLVE(object_dec_ref, "TVMFFIObjectDecRef");
+  RESOLVE(error_move_from_raised, "TVMFFIErrorMoveFromRaised");
+  // libtvm_runtime.so fills the backend hooks (__TVMBackendParallelLaunch, workspace
+  // allocation, ...) that tvm.compile'd modules call back through.
+  if (runtime_library != NULL && runtime_library[0] != '\0' &&
+      dlopen(runtime_library, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+    set_error(err, "RuntimeError", "cannot open the TVM runtime: %s", dlerror());
+    goto fail;
+  }
+  if (get_global("ffi.ModuleLoadFromFile", &api.module_load_from_file, err) != 0) goto fail;
+  if (get_global("ffi.ModuleGetFunction", &api.module_get_function, err) != 0) goto fail;
+  ready = 1;
+  pthread_mutex_unlock(&init_mu);
+  return 0;
+fail:
+  memset(&api, 0, sizeof(api));
+  pthread_mutex_unlock(&init_mu);
+  return -1;
+}
+
+int dsoop_runtime_ready(void) {
+  pthread_mutex_lock(&init_mu);
+  int r = ready;
+  pthread_mutex_unlock(&init_mu);
+  return r;
+}
+
+// Calls a function object through its cell's safe_call; the result is left in *result.
+static int call_raw(TVMFFIObjectHandle fn, const TVMFFIAny* args, int32_t n, TVMFFIAny* result,
+                    DsoopError* err) {
+  const TVMFFIFunctionCell* cell = (const TVMFFIFunctionCell*)object_cell(fn);
+  result->type_index = kTVMFFINone;
+  result->zero_padding = 0;
+  result->v_int64 = 0;
+  if (cell->safe_call(fn, args, n, result) != 0) return take_raised_error(err);
+  return 0;
+}
+
+static void release_any(TVMFFIAny* value) {
+  if (value->type_index >= kTVMFFIStaticObjectBegin && value->v_obj != NULL) {
+    api.object_dec_ref(value->v_obj);
+  }
+}
+
+int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err) {
+  TVMFFIAny arg = {0};
+  arg.type_index = kTVMFFIRawStr;
+  arg.v_c_str = path;
+  TVMFFIAny result;
+  if (call_raw(api.module_load_from_file, &arg, 1, &result, err) != 0) return -1;
+  if (result.type_index != kTVMFFIModule) {
+    release_any(&result);
+    return set_error(err, "TypeError", "ffi.ModuleLoadFromFile(%s) did not return a module", path);
+  }
+  *out = result.v_obj;
+  return 0;
+}
+
+int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,
+                              DsoopError* err) {
+  TVMFFIAny args[3] = {{0}, {0}, {0}};
+  args[0].type_index = kTVMFFIModule;
+  args[0].v_obj = module;
+  args[1].type_index = kTVMFFIRawStr;
+  args[1].v_c_str = name;
+  args[2].type_index = kTVMFFIBool;
+  args[2].v_int64 = 1;  // query imports too
+  TVMFFIAny result;
+  if (call_raw(api.module_get_function, args, 3, &result, err) != 0) return -1;
+  if (result.type_index == kTVMFFINone) return 0;
+  if (result.type_index != kTVMFFIFunction) {
+    release_any(&result);
+    return set_error(err, "TypeError", "ffi.ModuleGetFunction(%s) did not return a function", name);
+  }
+  out->handle = result.v_obj;
+  out->safe_call = ((const TVMFFIFunctionCell*)object_cell(result.v_obj))->safe_call;
+  return 1;
+}
+
+void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out) {
+  api.object_inc_ref(fn->handle);
+  *out = *fn;
+}
+
+void dsoop_object_release(TVMFFIObjectHandle obj) {
+  if (obj != NULL) api.object_dec_ref(obj);
+}
+
+int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                        DsoopError* err) {
+  TVMFFIAny result;
+  result.type_index = kTVMFFINone;
+  result.zero_padding = 0;
+  result.v_int64 = 0;
+  if (fn->safe_call(fn->handle, args, num_args, &result) != 0) return take_raised_error(err);
+  release_any(&result);
+  return 0;
+}

@@ -1,0 +1,70 @@
+// dsoop.h: the C boundary between this project and the TVM-FFI runtime.
+//
+// libtvm_ffi.so is opened at run time (dlopen, RTLD_GLOBAL) rather than linked, so
+// that one op library serves whatever TVM installation the process has, reports a
+// clear error when there is none, and makes the TVM-FFI symbols global for the
+// TVM modules it loads (TensorFlow loads op libraries RTLD_LOCAL).
+//
+// Everything here is plain C with no Go call, so the per-call path
+// (dsoop_function_call) is a direct call of the TVM function pointer. Nothing here
+// aborts: failures come back as a DsoopError.
+#ifndef TVMDSOOP_DSOOP_H_
+#define TVMDSOOP_DSOOP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tvm/ffi/c_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A TVM error, or one of ours, as two malloc'ed strings. Free with dsoop_error_clear.
+typedef struct {
+  char* kind;     // TVM's error kind ("ValueError", "RuntimeError", ...)
+  char* message;  // the message, without a backtrace
+} DsoopError;
+
+void dsoop_error_clear(DsoopError* err);
+
+// Opens the TVM-FFI library (required) and the TVM runtime (optional, may be NULL
+// or "") with RTLD_GLOBAL and resolves the entry points. Safe to call again: later
+// calls after a success do nothing and return 0.
+int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
+
+// Whether dsoop_runtime_init has succeeded.
+int dsoop_runtime_ready(void);
+
+// A TVM-FFI function with its call pointer resolved once, so a call is one
+// indirect call. Holds one reference to the function object.
+typedef struct {
+  TVMFFIObjectHandle handle;
+  TVMFFISafeCallType safe_call;
+} DsoopFunction;
+
+// Loads a module through TVM's own loader (ffi.ModuleLoadFromFile). On success
+// *out holds a new reference to the module object.
+int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err);
+
+// Looks a function up in a module (and its imports). Returns 1 when found (out
+// holds a new reference), 0 when the module has no such function, -1 on error.
+int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,
+                              DsoopError* err);
+
+// Adds a reference to fn and copies it to out.
+void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out);
+
+// Drops a reference to a module or function object.
+void dsoop_object_release(TVMFFIObjectHandle obj);
+
+// Calls fn with packed arguments. Any returned object is released. 0 on success,
+// -1 with err filled on failure.
+int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                        DsoopError* err);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // TVMDSOOP_DSOOP_H_

@@ -1,0 +1,91 @@
+"""Builds the TVM modules the tests call, with apache-tvm's compiler.
+
+Run in its own process (``python build_modules.py OUT_DIR``): TVM's compiler
+carries its own LLVM, and the tests keep it out of the TensorFlow process. It
+writes ``OUT_DIR/testfuncs.so``, one library holding every test function.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tvm
+from tvm import te
+
+
+def _func(name: str, args: list[te.Tensor]) -> "tvm.tirx.PrimFunc":
+    return te.create_prim_func(args).with_attr("global_symbol", name)
+
+
+def test_functions() -> dict[str, tvm.tir.PrimFunc]:
+    """Every function the Go and Python tests use, by exported name."""
+    funcs = {}
+    n = te.var("n")
+    m = te.var("m")
+
+    # add_one(x: float32[n]) -> float32[n]
+    a = te.placeholder((n,), name="a", dtype="float32")
+    funcs["add_one"] = _func("add_one", [a, te.compute((n,), lambda i: a[i] + 1.0, name="out")])
+
+    # vector_add(a, b: float32[n]) -> float32[n]
+    a = te.placeholder((n,), name="a", dtype="float32")
+    b = te.placeholder((n,), name="b", dtype="float32")
+    funcs["vector_add"] = _func("vector_add", [a, b, te.compute((n,), lambda i: a[i] + b[i], name="out")])
+
+    # sum9(x0..x8: float32[n]) -> float32[n] = sum of (k+1) * xk: checks the order.
+    xs = [te.placeholder((n,), name=f"x{k}", dtype="float32") for k in range(9)]
+
+    def weighted(i):
+        total = xs[0][i]
+        for k in range(1, 9):
+            total = total + xs[k][i] * float(k + 1)
+        return total
+
+    funcs["sum9"] = _func("sum9", [*xs, te.compute((n,), weighted, name="out")])
+
+    # scale_int(x: float32[n], k: int32[n], d: float64[n]) -> float64[n] = x * k + d
+    x = te.placeholder((n,), name="x", dtype="float32")
+    k = te.placeholder((n,), name="k", dtype="int32")
+    d = te.placeholder((n,), name="d", dtype="float64")
+    out = te.compute(
+        (n,), lambda i: x[i].astype("float64") * k[i].astype("float64") + d[i], name="out"
+    )
+    funcs["scale_mixed"] = _func("scale_mixed", [x, k, d, out])
+
+    # matrix_add_one(x: float32[m, n]) -> float32[m, n]
+    x = te.placeholder((m, n), name="x", dtype="float32")
+    funcs["matrix_add_one"] = _func(
+        "matrix_add_one", [x, te.compute((m, n), lambda i, j: x[i, j] + 1.0, name="out")]
+    )
+
+    # transpose(x: float32[m, n]) -> float32[n, m]
+    x = te.placeholder((m, n), name="x", dtype="float32")
+    funcs["transpose"] = _func("transpose", [x, te.compute((n, m), lambda i, j: x[j, i], name="out")])
+
+    # row_sum(x: float32[m, n]) -> float32[m]
+    x = te.placeholder((m, n), name="x", dtype="float32")
+    r = te.reduce_axis((0, n), name="r")
+    funcs["row_sum"] = _func("row_sum", [x, te.compute((m,), lambda i: te.sum(x[i, r], axis=r), name="out")])
+
+    # add_one_4(x: float32[4]) -> float32[4]: a fixed shape that TVM checks.
+    x = te.placeholder((4,), name="x", dtype="float32")
+    funcs["add_one_4"] = _func("add_one_4", [x, te.compute((4,), lambda i: x[i] + 1.0, name="out")])
+
+    # add_one_i64(x: int64[n]) -> int64[n]
+    x = te.placeholder((n,), name="x", dtype="int64")
+    funcs["add_one_i64"] = _func(
+        "add_one_i64", [x, te.compute((n,), lambda i: x[i] + tvm.tirx.const(1, "int64"), name="out")]
+    )
+    return funcs
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lib = tvm.compile(tvm.IRModule(test_functions()), target="llvm")
+    lib.export_library(str(out / "testfuncs.so"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
