@@ -9,6 +9,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -44,11 +45,14 @@ func Open(path string) (*Module, error) {
 	}
 	// Checked here so that the common mistake gets os's clear error, not the loader's.
 	st, err := os.Stat(abs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("dsoop: module %w", err)
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
 	if st.IsDir() {
-		return nil, fmt.Errorf("dsoop: module %s is a directory, not a library", abs)
+		return nil, fmt.Errorf("dsoop: library %s is a directory", abs)
 	}
 	if err := Init(); err != nil {
 		return nil, err
@@ -58,7 +62,7 @@ func Open(path string) (*Module, error) {
 	var handle C.TVMFFIObjectHandle
 	var cerr C.DsoopError
 	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: cannot load module %s: %w", abs, takeError(&cerr))
+		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, takeError(&cerr))
 	}
 	m := &Module{path: abs, handle: handle}
 	modules[abs] = m
@@ -77,9 +81,9 @@ func (m *Module) Func(name string) (*Func, error) {
 	switch C.dsoop_module_get_function(m.handle, cname, &fn, &cerr) {
 	case 1:
 	case 0:
-		return nil, fmt.Errorf("dsoop: module %s: %w: %q", m.path, ErrFunctionNotFound, name)
+		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.path, ErrFunctionNotFound, name)
 	default:
-		return nil, fmt.Errorf("dsoop: module %s: function %q: %w", m.path, name, takeError(&cerr))
+		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.path, name, takeError(&cerr))
 	}
 	return newFunc(name, m, fn), nil
 }

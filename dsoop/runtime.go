@@ -57,7 +57,7 @@ func Init() error {
 }
 
 func initRuntime() error {
-	ffiLib, runtimeLib, err := findLibraries(os.Getenv(LibraryPathEnv))
+	ffiLib, runtimeLib, err := findLibraries(getenv(LibraryPathEnv))
 	if err != nil {
 		return err
 	}
@@ -95,6 +95,15 @@ func findLibraries(searchPath string) (ffiLib, runtimeLib string, err error) {
 			ErrRuntimeNotFound, LibraryPathEnv, searchPath, LibraryPathEnv, ffiLibraryName)
 	}
 	return ffiLib, runtimeLib, nil
+}
+
+// getenv reads the live C environment. Go's os.Getenv would not do here: in a
+// c-shared library it sees the environment as it was at process start, not what
+// the host (Python's os.environ, say) set before loading us.
+func getenv(name string) string {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	return C.GoString(C.getenv(cname))
 }
 
 func isFile(path string) bool {

@@ -1,0 +1,49 @@
+# make demo   compile a TVM function and run it inside TensorFlow
+# make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
+# make build  the op library, build/libtvm_dso_op.so
+# Each target installs what it needs first: the .venv, Go modules, the build.
+
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+BUILD   := build
+STAMP   := $(VENV)/.installed
+HOST_PYTHON ?= python3
+
+.PHONY: all setup build test test-go test-python demo vet clean
+
+all: build
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt python/pyproject.toml
+	test -x $(PYTHON) || $(HOST_PYTHON) -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(PYTHON) -m pip install --quiet -e python
+	go mod download
+	touch $@
+
+$(BUILD)/build.ninja: CMakeLists.txt $(STAMP)
+	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PYTHON))
+
+build: $(BUILD)/build.ninja
+	cmake --build $(BUILD)
+
+# The Go targets need the cgo flags that CMake wrote to build/cgo.mk, so they run
+# in a second make that reads it.
+test: build
+	$(MAKE) --no-print-directory test-go test-python
+
+test-go:
+	go vet ./...
+	go test -count=1 ./...
+
+test-python:
+	$(PYTHON) -m pytest -q tests/python
+
+demo: build
+	$(PYTHON) examples/demo.py
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(BUILD)/cgo.mk

@@ -1,0 +1,78 @@
+// Package kernels holds the TVMDSOOp TensorFlow op: its definition, shape
+// function and CPU kernel (tvm_dso_op.cc, C++ against TensorFlow's kernel API).
+//
+// Linking this package into a binary registers the op: the registration runs in
+// C++ static initialisers, with no Go call, because a c-shared library's Go
+// runtime is not ready while the library is being dlopened. The only Go on the
+// op's path is resolveFunction, called once when TensorFlow constructs a kernel.
+package kernels
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/..
+#cgo CXXFLAGS: -std=c++17 -I${SRCDIR}/..
+#include <stdlib.h>
+#include "dsoop/dsoop.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"unsafe"
+
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
+)
+
+// TensorFlow status codes (absl::StatusCode) the resolution errors map to.
+const (
+	codeInvalidArgument    = 3
+	codeNotFound           = 5
+	codeFailedPrecondition = 9
+)
+
+// tvmdsoopResolveFunction loads the module at libPath (once per process) and
+// writes a new reference to its function funcName into out. On failure it returns
+// a TensorFlow status code and a malloc'ed message for the caller to free.
+//
+//export tvmdsoopResolveFunction
+func tvmdsoopResolveFunction(libPath, funcName *C.char, out *C.DsoopFunction, errMsg **C.char) (code C.int) {
+	// A Go panic must not unwind into TensorFlow's C++ frames.
+	defer func() {
+		if r := recover(); r != nil {
+			*errMsg = C.CString(fmt.Sprintf("TVMDSOOp: internal error while resolving the function: %v", r))
+			code = codeInvalidArgument
+		}
+	}()
+	err := resolveFunction(C.GoString(libPath), C.GoString(funcName), unsafe.Pointer(out))
+	if err == nil {
+		return 0
+	}
+	*errMsg = C.CString(err.Error())
+	return C.int(statusCode(err))
+}
+
+func resolveFunction(libPath, funcName string, out unsafe.Pointer) error {
+	module, err := dsoop.Open(libPath)
+	if err != nil {
+		return err
+	}
+	fn, err := module.Func(funcName)
+	if err != nil {
+		return err
+	}
+	// The kernel takes its own reference; this Func is not needed past here.
+	defer fn.Close()
+	return fn.RetainNative(out)
+}
+
+func statusCode(err error) int {
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, dsoop.ErrFunctionNotFound):
+		return codeNotFound
+	case errors.Is(err, dsoop.ErrRuntimeNotFound):
+		return codeFailedPrecondition
+	default:
+		return codeInvalidArgument
+	}
+}

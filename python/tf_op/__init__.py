@@ -1,0 +1,27 @@
+"""tf_op: call functions of TVM-compiled libraries inside TensorFlow graphs.
+
+    import tf_op
+    add_one = tf_op.Module("add_one.so").func("add_one")
+    y = add_one(tf.constant([1.0, 2.0]))
+
+Each call adds a TVMDSOOp to the graph (or runs it, in eager mode). TensorFlow's
+buffers go to TVM as DLPack tensors without a copy.
+
+Importing the package loads the op library, so that graphs and SavedModels holding
+TVMDSOOp nodes load and run after a plain ``import tf_op``.
+"""
+
+from types import ModuleType
+
+from tf_op import _library
+from tf_op._library import library_path
+from tf_op.module import Func, Module, OpModule
+
+__all__ = ["Func", "Module", "OpModule", "library_path", "ops"]
+
+_library.load()
+
+
+def ops() -> ModuleType:
+    """The generated op wrappers of the library (``ops().tvmdso_op``)."""
+    return _library.load()

@@ -1,0 +1,26 @@
+"""Shared fixtures: the TVM test library, built once per session.
+
+The library is compiled by tests/modules/build_modules.py in a subprocess, so
+TVM's compiler (and its LLVM) never shares a process with TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODULES_DIR = Path(__file__).resolve().parent.parent / "modules"
+
+
+@pytest.fixture(scope="session")
+def testlib(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Path of testfuncs.so: add_one, vector_add, sum9, scale_mixed, ..."""
+    out = tmp_path_factory.mktemp("tvm_modules")
+    subprocess.run([sys.executable, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
+    return str(out / "testfuncs.so")

@@ -1,0 +1,183 @@
+"""TVMDSOOp end to end: real TVM modules called from real TensorFlow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_op
+
+
+@pytest.fixture(scope="module")
+def mod(testlib: str) -> tf_op.Module:
+    return tf_op.Module(testlib)
+
+
+def test_add_one_symbolic_length_eager(mod: tf_op.Module) -> None:
+    add_one = mod.func("add_one")
+    for n in (1, 7, 1000):
+        x = np.arange(n, dtype=np.float32)
+        y = add_one(tf.constant(x))
+        assert y.dtype == tf.float32
+        np.testing.assert_array_equal(y.numpy(), x + 1)
+
+
+def test_getitem_and_opmodule_alias(mod: tf_op.Module) -> None:
+    assert tf_op.OpModule is tf_op.Module
+    y = tf_op.OpModule(mod.lib_path)["add_one"](tf.constant([1.0, 2.0]))
+    np.testing.assert_array_equal(y.numpy(), [2.0, 3.0])
+
+
+def test_tf_function_with_unknown_length(mod: tf_op.Module) -> None:
+    add_one = mod.func("add_one")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def f(x: tf.Tensor) -> tf.Tensor:
+        y = add_one(x)
+        assert y.shape.as_list() == [None]  # shape inference: the first input's
+        return y * 2.0
+
+    np.testing.assert_array_equal(f(tf.constant([1.0, 2.0, 3.0])).numpy(), [4.0, 6.0, 8.0])
+    np.testing.assert_array_equal(f(tf.constant([5.0])).numpy(), [12.0])
+
+
+def test_tf1_graph_session(mod: tf_op.Module) -> None:
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        y = mod.func("vector_add")(x, x)
+        with tf.compat.v1.Session(graph=g) as sess:
+            out = sess.run(y, feed_dict={x: np.array([1.5, 2.5], np.float32)})
+    np.testing.assert_array_equal(out, [3.0, 5.0])
+
+
+def test_two_inputs(mod: tf_op.Module) -> None:
+    y = mod.func("vector_add")(tf.constant([1.0, 2.0, 3.0]), tf.constant([10.0, 20.0, 30.0]))
+    np.testing.assert_array_equal(y.numpy(), [11.0, 22.0, 33.0])
+
+
+def test_nine_inputs_keep_their_order(mod: tf_op.Module) -> None:
+    xs = [tf.constant([float(k), 1.0]) for k in range(9)]
+    y = mod.func("sum9")(*xs)
+    # out = sum over k of (k + 1) * xs[k]
+    expected = [sum((k + 1) * k for k in range(9)), sum(k + 1 for k in range(9))]
+    np.testing.assert_array_equal(y.numpy(), expected)
+
+
+def test_mixed_input_dtypes(mod: tf_op.Module) -> None:
+    scale = mod.func("scale_mixed", output_dtype="float64")
+    y = scale(
+        tf.constant([1.5, 2.0, -1.0], tf.float32),
+        tf.constant([2, 3, 4], tf.int32),
+        tf.constant([0.25, 0.0, 10.0], tf.float64),
+    )
+    assert y.dtype == tf.float64
+    np.testing.assert_array_equal(y.numpy(), [3.25, 6.0, 6.0])
+
+
+def test_output_dtype_as_tf_dtype(mod: tf_op.Module) -> None:
+    y = mod.func("add_one_i64", output_dtype=tf.int64)(tf.constant([1, -5], tf.int64))
+    np.testing.assert_array_equal(y.numpy(), [2, -4])
+
+
+def test_2d(mod: tf_op.Module) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = mod.func("matrix_add_one")(tf.constant(x))
+    np.testing.assert_array_equal(y.numpy(), x + 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "output_shape", "expected"),
+    [
+        ("transpose", [3, 2], lambda x: x.T),
+        ("row_sum", [2], lambda x: x.sum(axis=1)),
+    ],
+)
+def test_output_shape_differs_from_input(mod: tf_op.Module, name: str, output_shape: list[int], expected) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    fn = mod.func(name, output_shape=output_shape)
+    np.testing.assert_array_equal(fn(tf.constant(x)).numpy(), expected(x))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(t: tf.Tensor) -> tf.Tensor:
+        y = fn(t)
+        assert y.shape.as_list() == output_shape  # shape inference: the declared shape
+        return y
+
+    np.testing.assert_array_equal(f(tf.constant(x)).numpy(), expected(x))
+
+
+def test_misaligned_buffers_are_copied_with_right_values(mod: tf_op.Module) -> None:
+    # TF aligns buffers to 64 bytes; asking for 4096 forces the scratch copies of
+    # inputs and output and the copy back.
+    fn = mod.func("vector_add", alignment=4096)
+    a, b = np.arange(100, dtype=np.float32), np.full(100, 0.5, np.float32)
+    np.testing.assert_array_equal(fn(tf.constant(a), tf.constant(b)).numpy(), a + b)
+
+
+def test_fixed_shape_given_wrong_shape_then_recovers(mod: tf_op.Module) -> None:
+    fn = mod.func("add_one_4")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)add_one_4.*expected 4.*input 0: float32\[3\]"):
+        fn(tf.constant([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(fn(tf.constant([1.0, 2.0, 3.0, 4.0])).numpy(), [2.0, 3.0, 4.0, 5.0])
+
+
+def test_wrong_dtype_is_tvm_error(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match="float32"):
+        mod.func("add_one")(tf.constant([1, 2], tf.int32))
+
+
+def test_wrong_number_of_inputs(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"vector_add.*Expected 3 arguments"):
+        mod.func("vector_add")(tf.constant([1.0]))
+
+
+def test_missing_library(tmp_path: Path) -> None:
+    path = str(tmp_path / "missing.so")
+    with pytest.raises(tf.errors.NotFoundError, match=path):
+        tf_op.Module(path).func("add_one")(tf.constant([1.0]))
+
+
+def test_not_a_library(tmp_path: Path) -> None:
+    path = tmp_path / "notalib.so"
+    path.write_text("not a shared library")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=str(path)):
+        tf_op.Module(path).func("add_one")(tf.constant([1.0]))
+
+
+def test_unknown_function(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.NotFoundError, match="no_such_function"):
+        mod.func("no_such_function")(tf.constant([1.0]))
+    # The process and the module live on.
+    np.testing.assert_array_equal(mod.func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+
+
+@pytest.mark.parametrize("alignment", [0, 3, 48, -64, True])
+def test_bad_alignment(mod: tf_op.Module, alignment: int) -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        mod.func("add_one", alignment=alignment)
+
+
+def test_bad_alignment_reaching_the_op(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match="power of two"):
+        tf_op.ops().tvmdso_op(
+            args=[tf.constant([1.0])],
+            Tout=[tf.float32],
+            output_shapes=[tf.TensorShape(None)],
+            lib_path=mod.lib_path,
+            func_name="add_one",
+            alignment=12,
+        )
+
+
+@pytest.mark.parametrize("shape", [[-1], [2, -3], [1.5], ["2"]])
+def test_bad_output_shape(mod: tf_op.Module, shape: list) -> None:
+    with pytest.raises(ValueError, match="output_shape"):
+        mod.func("add_one", output_shape=shape)
+
+
+def test_empty_tensor(mod: tf_op.Module) -> None:
+    y = mod.func("add_one")(tf.zeros([0], tf.float32))
+    assert y.shape.as_list() == [0]
