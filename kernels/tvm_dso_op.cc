@@ -89,32 +89,24 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   return Status();
 }
 
-class TVMDSOOpKernel : public OpKernel {
+// What both ops share: resolving the function when TF constructs the kernel, and
+// calling it on the first `num_args` inputs plus outputs of the shapes the op
+// computed. Subclasses read their own attrs and decide the output shapes.
+class CallKernel : public OpKernel {
  public:
-  explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit CallKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_path", &lib_path_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("func_name", &func_name_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
-    OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
-                errors::InvalidArgument(Where(), ": alignment must be a power of two, got ",
-                                        alignment_));
-    std::vector<PartialTensorShape> shapes;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &shapes));
-    OP_REQUIRES(ctx, static_cast<int>(shapes.size()) == num_outputs(),
-                errors::InvalidArgument(Where(), ": ", shapes.size(), " output shapes for ",
-                                        num_outputs(), " outputs"));
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      // An unknown rank means "the shape of the first input", decided per call.
-      output_like_input_.push_back(shapes[i].unknown_rank());
-      TensorShape fixed;
-      if (!shapes[i].unknown_rank()) {
-        OP_REQUIRES(ctx, shapes[i].AsTensorShape(&fixed),
-                    errors::InvalidArgument(Where(), ": output ", i, " has shape ",
-                                            shapes[i].DebugString(),
-                                            "; every dimension must be known and >= 0"));
-      }
-      output_shapes_.push_back(fixed);
-    }
+  }
+
+  ~CallKernel() override { dsoop_object_release(func_.handle); }
+
+  CallKernel(const CallKernel&) = delete;
+  CallKernel& operator=(const CallKernel&) = delete;
+
+ protected:
+  // Loads the module and resolves the function (Go, once per kernel).
+  void Resolve(OpKernelConstruction* ctx) {
     char* message = nullptr;
     const int code = tvmdsoopResolveFunction(const_cast<char*>(lib_path_.c_str()),
                                              const_cast<char*>(func_name_.c_str()), &func_, &message);
@@ -123,42 +115,24 @@ class TVMDSOOpKernel : public OpKernel {
                       Status(static_cast<absl::StatusCode>(code),
                              absl::StrCat(Where(), ": ", message ? message : "unknown error")));
       std::free(message);
-      func_.handle = nullptr;
+      func_ = {nullptr, nullptr};
     }
   }
 
-  ~TVMDSOOpKernel() override { dsoop_object_release(func_.handle); }
-
-  TVMDSOOpKernel(const TVMDSOOpKernel&) = delete;
-  TVMDSOOpKernel& operator=(const TVMDSOOpKernel&) = delete;
-
-  void Compute(OpKernelContext* ctx) override {
-    const int num_in = ctx->num_inputs();
-    const int num_args = num_in + num_outputs();
+  // Calls the function with inputs [0, num_args) and outputs of out_shapes.
+  void Call(OpKernelContext* ctx, int num_in, absl::Span<const TensorShape> out_shapes) {
+    const int num_out = static_cast<int>(out_shapes.size());
+    const int num_args = num_in + num_out;
     absl::InlinedVector<DLTensor, 8> tensors(num_args);
     absl::InlinedVector<TVMFFIAny, 8> args(num_args);
     absl::InlinedVector<AlignedBuffer, 2> scratch;
     // Outputs that TF allocated below the alignment: computed in scratch, copied back.
     absl::InlinedVector<std::pair<Tensor*, const char*>, 2> copy_back;
 
-    // Shapes first: their storage must not move once DLTensors point into it.
-    absl::InlinedVector<TensorShape, 8> shapes(num_args);
     int total_rank = 0;
-    for (int i = 0; i < num_in; ++i) {
-      shapes[i] = ctx->input(i).shape();
-      total_rank += shapes[i].dims();
-    }
-    for (int i = 0; i < num_outputs(); ++i) {
-      if (output_like_input_[i]) {
-        OP_REQUIRES(ctx, num_in > 0,
-                    errors::InvalidArgument(Where(), ": output ", i,
-                                            " has no shape and there is no input to take it from"));
-        shapes[num_in + i] = ctx->input(0).shape();
-      } else {
-        shapes[num_in + i] = output_shapes_[i];
-      }
-      total_rank += shapes[num_in + i].dims();
-    }
+    for (int i = 0; i < num_in; ++i) total_rank += ctx->input(i).dims();
+    for (const TensorShape& s : out_shapes) total_rank += s.dims();
+    // Sized once: DLTensors point into it.
     absl::InlinedVector<int64_t, 32> dims(total_rank);
 
     int64_t* next_dims = dims.data();
@@ -166,7 +140,7 @@ class TVMDSOOpKernel : public OpKernel {
       const bool is_input = i < num_in;
       Tensor* out = nullptr;
       if (!is_input) {
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(i - num_in, shapes[i], &out));
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(i - num_in, out_shapes[i - num_in], &out));
       }
       const Tensor& t = is_input ? ctx->input(i) : *out;
       DLTensor& dl = tensors[i];
@@ -189,9 +163,9 @@ class TVMDSOOpKernel : public OpKernel {
       }
       dl.data = data;
       dl.device = {kDLCPU, 0};
-      dl.ndim = shapes[i].dims();
+      dl.ndim = t.dims();
       dl.shape = next_dims;
-      for (int d = 0; d < dl.ndim; ++d) *next_dims++ = shapes[i].dim_size(d);
+      for (int d = 0; d < dl.ndim; ++d) *next_dims++ = t.dim_size(d);
       dl.strides = nullptr;  // TF tensors are compact row-major
       dl.byte_offset = 0;
       args[i].type_index = kTVMFFIDLTensorPtr;
@@ -213,12 +187,14 @@ class TVMDSOOpKernel : public OpKernel {
     }
   }
 
- private:
   // Names the call in messages: the function and the library it comes from.
   std::string Where() const {
-    return absl::StrCat("TVMDSOOp: function '", func_name_, "' of ", lib_path_);
+    return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path_);
   }
 
+  int64_t alignment_ = 64;
+
+ private:
   // "input 0: float32[3], output 0: float32[3]", for error messages.
   static std::string DescribeArgs(const absl::InlinedVector<DLTensor, 8>& tensors, int num_in) {
     std::string out;
@@ -242,10 +218,104 @@ class TVMDSOOpKernel : public OpKernel {
 
   std::string lib_path_;
   std::string func_name_;
-  int64_t alignment_ = 64;
-  std::vector<bool> output_like_input_;
-  std::vector<TensorShape> output_shapes_;
   DsoopFunction func_ = {nullptr, nullptr};
+};
+
+// TVMDSOOp: inputs `args`, then `output_dims`, the values of the output dimensions
+// that were not known when the graph was built (-1 in `output_shapes`), in order.
+class TVMDSOOpKernel : public CallKernel {
+ public:
+  explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
+    OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
+                errors::InvalidArgument(Where(), ": alignment must be a power of two, got ",
+                                        alignment_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+    OP_REQUIRES(ctx, static_cast<int>(output_shapes_.size()) == num_outputs(),
+                errors::InvalidArgument(Where(), ": ", output_shapes_.size(),
+                                        " output shapes for ", num_outputs(), " output dtypes"));
+    for (const PartialTensorShape& s : output_shapes_) {
+      for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
+    }
+    Resolve(ctx);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_in = ctx->num_inputs() - 1;  // the last input is output_dims
+    const Tensor& dims = ctx->input(num_in);
+    OP_REQUIRES(ctx, dims.dims() == 1 && dims.NumElements() == num_dynamic_dims_,
+                errors::InvalidArgument(Where(), ": output_dims holds ", dims.NumElements(),
+                                        " values for ", num_dynamic_dims_,
+                                        " dynamic output dimensions"));
+    auto dim_values = dims.flat<int64_t>();
+    int next_dynamic = 0;
+    absl::InlinedVector<TensorShape, 4> shapes(num_outputs());
+    for (int i = 0; i < num_outputs(); ++i) {
+      const PartialTensorShape& declared = output_shapes_[i];
+      if (declared.unknown_rank()) {
+        OP_REQUIRES(ctx, num_in > 0,
+                    errors::InvalidArgument(Where(), ": output ", i,
+                                            " takes the first input's shape, but there is no input"));
+        shapes[i] = ctx->input(0).shape();
+        continue;
+      }
+      for (int d = 0; d < declared.dims(); ++d) {
+        int64_t size = declared.dim_size(d);
+        if (size < 0) size = dim_values(next_dynamic++);
+        OP_REQUIRES(ctx, size >= 0,
+                    errors::InvalidArgument(Where(), ": output ", i, " dimension ", d, " is ", size,
+                                            "; sizes must be >= 0"));
+        OP_REQUIRES_OK(ctx, shapes[i].AddDimWithStatus(size));
+      }
+    }
+    Call(ctx, num_in, shapes);
+  }
+
+ private:
+  std::vector<PartialTensorShape> output_shapes_;
+  int64_t num_dynamic_dims_ = 0;
+};
+
+// TvmDsoOp, the op of TVM 0.7-0.19's tvm.contrib.tf_op, kept so that graphs it
+// wrote run unchanged: the output shape is the static attr when there is one, else
+// the `dynamic_output_shape` input when it is a vector, else the first input's.
+class LegacyTvmDsoOpKernel : public CallKernel {
+ public:
+  explicit LegacyTvmDsoOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("has_static_output_shape", &has_static_output_shape_));
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("static_output_shape", &dims));
+    for (int64_t d : dims) {
+      OP_REQUIRES(ctx, d >= 0,
+                  errors::InvalidArgument(Where(), ": static_output_shape has size ", d));
+      static_output_shape_.AddDim(d);
+    }
+    Resolve(ctx);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_in = ctx->num_inputs() - 1;  // the last input is dynamic_output_shape
+    const Tensor& dynamic = ctx->input(num_in);
+    TensorShape shape;
+    if (has_static_output_shape_) {
+      shape = static_output_shape_;
+    } else if (dynamic.dims() == 1) {
+      for (int64_t d : absl::MakeConstSpan(dynamic.flat<int64_t>().data(), dynamic.NumElements())) {
+        OP_REQUIRES(ctx, d >= 0,
+                    errors::InvalidArgument(Where(), ": dynamic_output_shape has size ", d));
+        OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(d));
+      }
+    } else {
+      OP_REQUIRES(ctx, num_in > 0,
+                  errors::InvalidArgument(Where(), ": no output shape and no input to take it from"));
+      shape = ctx->input(0).shape();
+    }
+    Call(ctx, num_in, {shape});
+  }
+
+ private:
+  bool has_static_output_shape_ = false;
+  TensorShape static_output_shape_;
 };
 
 Status TVMDSOOpShape(InferenceContext* c) {
@@ -253,16 +323,58 @@ Status TVMDSOOpShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
   if (static_cast<int>(shapes.size()) != c->num_outputs()) {
     return errors::InvalidArgument("TVMDSOOp: ", shapes.size(), " output shapes for ",
-                                   c->num_outputs(), " outputs");
+                                   c->num_outputs(), " output dtypes");
   }
+  const int num_in = c->num_inputs() - 1;
+  ShapeHandle dims_shape;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &dims_shape));
+  // When output_dims is a constant its values are known now, not just the ranks.
+  const Tensor* dim_values = c->input_tensor(num_in);
+  int next_dynamic = 0;
   for (int i = 0; i < c->num_outputs(); ++i) {
     if (shapes[i].unknown_rank()) {
-      c->set_output(i, c->num_inputs() > 0 ? c->input(0) : c->UnknownShape());
+      c->set_output(i, num_in > 0 ? c->input(0) : c->UnknownShape());
       continue;
     }
+    std::vector<tensorflow::shape_inference::DimensionHandle> dims;
+    for (int d = 0; d < shapes[i].dims(); ++d) {
+      int64_t size = shapes[i].dim_size(d);
+      if (size < 0 && dim_values != nullptr && next_dynamic < dim_values->NumElements()) {
+        size = dim_values->flat<int64_t>()(next_dynamic);
+        if (size < 0) {
+          return errors::InvalidArgument("TVMDSOOp: output ", i, " dimension ", d, " is ", size,
+                                         "; sizes must be >= 0");
+        }
+      }
+      if (shapes[i].dim_size(d) < 0) ++next_dynamic;
+      dims.push_back(size < 0 ? c->UnknownDim() : c->MakeDim(size));
+    }
+    c->set_output(i, c->MakeShape(dims));
+  }
+  return Status();
+}
+
+Status LegacyTvmDsoOpShape(InferenceContext* c) {
+  bool has_static = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("has_static_output_shape", &has_static));
+  const int num_in = c->num_inputs() - 1;
+  if (has_static) {
+    std::vector<int64_t> dims;
+    TF_RETURN_IF_ERROR(c->GetAttr("static_output_shape", &dims));
+    std::vector<tensorflow::shape_inference::DimensionHandle> handles;
+    for (int64_t d : dims) handles.push_back(c->MakeDim(d));
+    c->set_output(0, c->MakeShape(handles));
+    return Status();
+  }
+  ShapeHandle dynamic = c->input(num_in);
+  if (c->RankKnown(dynamic) && c->Rank(dynamic) == 1) {
     ShapeHandle s;
-    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &s));
-    c->set_output(i, s);
+    TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(num_in, &s));
+    c->set_output(0, s);
+  } else if (c->RankKnown(dynamic) && num_in > 0) {
+    c->set_output(0, c->input(0));
+  } else {
+    c->set_output(0, c->UnknownShape());
   }
   return Status();
 }
@@ -271,6 +383,7 @@ Status TVMDSOOpShape(InferenceContext* c) {
 
 REGISTER_OP("TVMDSOOp")
     .Input("args: Tin")
+    .Input("output_dims: int64")
     .Output("outputs: Tout")
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 1")
@@ -283,11 +396,27 @@ REGISTER_OP("TVMDSOOp")
 Calls function `func_name` of the TVM module at `lib_path` with the inputs, then
 the outputs, as DLTensors (TVM's destination-passing convention).
 
+output_dims: the sizes of the output dimensions given as -1 in `output_shapes`, in
+  order (empty when every shape is static).
 output_shapes: one per output; an unknown rank means the first input's shape.
 alignment: the least alignment, in bytes, of every buffer handed to TVM; misaligned
   buffers are copied through aligned scratch memory.
 )doc");
 
+// The interface of TVM 0.7-0.19's op, unchanged, so its GraphDefs and SavedModels load.
+REGISTER_OP("TvmDsoOp")
+    .Input("input_args: ListT")
+    .Attr("ListT: list({float16, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64})")
+    .Input("dynamic_output_shape: int64")
+    .Output("output: output_dtype")
+    .Attr("lib_path: string")
+    .Attr("func_name: string")
+    .Attr("output_dtype: {float16, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64} = DT_FLOAT")
+    .Attr("static_output_shape: list(int) >= 0 = []")
+    .Attr("has_static_output_shape: bool")
+    .SetShapeFn(LegacyTvmDsoOpShape);
+
 REGISTER_KERNEL_BUILDER(Name("TVMDSOOp").Device(tensorflow::DEVICE_CPU), TVMDSOOpKernel);
+REGISTER_KERNEL_BUILDER(Name("TvmDsoOp").Device(tensorflow::DEVICE_CPU), LegacyTvmDsoOpKernel);
 
 }  // namespace tvmdsoop

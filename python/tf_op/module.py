@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any, Union
 
+import numpy as np
 import tensorflow as tf
 
 from tf_op import _library
 
-#: What ``output_shape`` accepts: a list of non-negative ints, or None for the
-#: shape of the first input.
-ShapeLike = Union[Sequence[int], tf.TensorShape, None]
-#: What ``output_dtype`` accepts: a ``tf.DType``, a dtype name, or None for the
+#: What an output shape may be: a list of ints; None for the shape of the first
+#: input; a 1-D int32/int64 tensor; or a list mixing ints and scalar int tensors.
+#: Tensors are read at every call, so they may change between calls.
+ShapeLike = Union[Sequence[Union[int, tf.Tensor, tf.Variable]], tf.TensorShape, tf.Tensor, tf.Variable, None]
+#: What an output dtype may be: a ``tf.DType``, a dtype name, or None for the
 #: dtype of the first input.
-DTypeLike = Union[tf.DType, str, None]
+DTypeLike = Union[tf.DType, str, np.dtype, None]
 
 
 class Module:
@@ -36,18 +40,30 @@ class Module:
         output_shape: ShapeLike = None,
         output_dtype: DTypeLike = None,
         alignment: int = 64,
+        *,
+        output_shapes: Sequence[ShapeLike] | None = None,
+        output_dtypes: Sequence[DTypeLike] | None = None,
+        device: str | None = None,
     ) -> Func:
         """The function ``name`` of the module, as a callable that adds a TVMDSOOp.
 
         Args:
           name: the function's name in the library.
-          output_shape: the output's shape, a list of ints; None means the shape of
-            the first input.
+          output_shape: the output's shape (see ``ShapeLike``); None means the
+            shape of the first input.
           output_dtype: the output's dtype; None means the dtype of the first input.
           alignment: the least alignment in bytes (a power of two) of the buffers
             handed to TVM; misaligned ones are copied through aligned memory.
+          output_shapes, output_dtypes: several outputs, one entry each (None
+            entries as above); the call then returns a tuple. Give these or
+            output_shape/output_dtype, not both.
+          device: a TF device ("/CPU:0") to pin the op to; None follows TF's
+            placement (``with tf.device(...)``).
         """
-        return Func(self, name, output_shape, output_dtype, alignment)
+        return Func(
+            self, name, output_shape, output_dtype, alignment,
+            output_shapes=output_shapes, output_dtypes=output_dtypes, device=device,
+        )
 
     def __getitem__(self, name: str) -> Func:
         return self.func(name)
@@ -62,8 +78,8 @@ OpModule = Module
 
 class Func:
     """A function of a TVM module. Calling it with tensors adds a TVMDSOOp that
-    passes them, then the output TensorFlow allocates, to the TVM function, and
-    returns the output."""
+    passes them, then the outputs TensorFlow allocates, to the TVM function, and
+    returns the output (or, when made with output_shapes/output_dtypes, a tuple)."""
 
     def __init__(
         self,
@@ -72,57 +88,124 @@ class Func:
         output_shape: ShapeLike,
         output_dtype: DTypeLike,
         alignment: int,
+        *,
+        output_shapes: Sequence[ShapeLike] | None = None,
+        output_dtypes: Sequence[DTypeLike] | None = None,
+        device: str | None = None,
     ) -> None:
+        self.module = module
+        self.name = name
         if not isinstance(name, str) or not name:
             raise ValueError(f"tf_op: function name must be a non-empty string, got {name!r}")
         if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-            raise ValueError(
-                f"tf_op: alignment for {name} in {module.lib_path} must be a power of two, got {alignment!r}"
-            )
-        self.module = module
-        self.name = name
-        self.output_shape = _static_shape(output_shape, name, module.lib_path)
-        self.output_dtype = None if output_dtype is None else tf.as_dtype(output_dtype)
-        self.alignment = alignment
-
-    def __call__(self, *args: Any) -> tf.Tensor:
-        inputs = [tf.convert_to_tensor(a) for a in args]
-        if self.output_dtype is not None:
-            dtype = self.output_dtype
-        elif inputs:
-            dtype = inputs[0].dtype
+            raise ValueError(f"tf_op: {self}: alignment must be a power of two, got {alignment!r}")
+        self.multiple_outputs = output_shapes is not None or output_dtypes is not None
+        if self.multiple_outputs:
+            if output_shape is not None or output_dtype is not None:
+                raise ValueError(f"tf_op: {self}: give output_shapes/output_dtypes or output_shape/output_dtype, not both")
+            if output_shapes is not None and output_dtypes is not None and len(output_shapes) != len(output_dtypes):
+                raise ValueError(
+                    f"tf_op: {self}: {len(output_shapes)} output_shapes but {len(output_dtypes)} output_dtypes"
+                )
+            count = len(output_shapes if output_shapes is not None else output_dtypes)
+            if count == 0:
+                raise ValueError(f"tf_op: {self}: a function needs at least one output")
+            shapes = list(output_shapes) if output_shapes is not None else [None] * count
+            dtypes = list(output_dtypes) if output_dtypes is not None else [None] * count
         else:
-            raise ValueError(
-                f"tf_op: {self.name} in {self.module.lib_path} has no input to take the output "
-                "dtype from; pass output_dtype"
+            shapes, dtypes = [output_shape], [output_dtype]
+        for i, shape in enumerate(shapes):
+            _check_shape(shape, f"tf_op: {self}: output {i} shape")
+        self.output_shapes = shapes
+        self.output_dtypes = [None if d is None else tf.as_dtype(d) for d in dtypes]
+        self.alignment = alignment
+        self.device = device
+
+    def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
+        with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
+            inputs = [tf.convert_to_tensor(a) for a in args]
+            dtypes = []
+            for i, dtype in enumerate(self.output_dtypes):
+                if dtype is None and not inputs:
+                    raise ValueError(f"tf_op: {self}: output {i} takes the first input's dtype, but there is no input")
+                dtypes.append(dtype if dtype is not None else inputs[0].dtype)
+            shapes, dims = [], []
+            for i, shape in enumerate(self.output_shapes):
+                if shape is None and not inputs:
+                    raise ValueError(f"tf_op: {self}: output {i} takes the first input's shape, but there is no input")
+                static, dynamic = _shape_attr(shape, f"tf_op: {self}: output {i} shape")
+                shapes.append(static)
+                dims.extend(dynamic)
+            output_dims = tf.concat(dims, axis=0) if dims else tf.zeros([0], tf.int64)
+            outputs = _library.load().tvmdso_op(
+                args=inputs,
+                output_dims=output_dims,
+                Tout=dtypes,
+                output_shapes=shapes,
+                lib_path=self.module.lib_path,
+                func_name=self.name,
+                alignment=self.alignment,
             )
-        if self.output_shape.rank is None and not inputs:
-            raise ValueError(
-                f"tf_op: {self.name} in {self.module.lib_path} has no input to take the output "
-                "shape from; pass output_shape"
-            )
-        (output,) = _library.load().tvmdso_op(
-            args=inputs,
-            Tout=[dtype],
-            output_shapes=[self.output_shape],
-            lib_path=self.module.lib_path,
-            func_name=self.name,
-            alignment=self.alignment,
-        )
-        return output
+        return tuple(outputs) if self.multiple_outputs else outputs[0]
 
     def __repr__(self) -> str:
-        return f"tf_op.Func({self.name!r} of {self.module.lib_path!r})"
+        return f"function {self.name!r} of {self.module.lib_path}"
 
 
-def _static_shape(shape: ShapeLike, name: str, lib_path: str) -> tf.TensorShape:
-    """The output_shapes attr entry: unknown rank stands for "the first input's"."""
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, (tf.Tensor, tf.Variable)) or tf.is_tensor(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_shape(shape: ShapeLike, where: str) -> None:
+    """Rejects malformed shapes when the function is made; tensor values are
+    checked by the op when it runs."""
+    if shape is None or _is_tensor(shape):
+        return
+    if isinstance(shape, tf.TensorShape):
+        if shape.rank is None or not shape.is_fully_defined():
+            raise ValueError(f"{where} must be fully defined, got {shape}")
+        return
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ValueError(f"{where} must be a list of ints, a 1-D int tensor or None, got {shape!r}")
+    for d in shape:
+        if _is_tensor(d):
+            continue
+        if not _is_int(d) or d < 0:
+            raise ValueError(f"{where} must hold ints >= 0 or scalar int tensors, got {shape!r}")
+
+
+def _shape_attr(shape: ShapeLike, where: str) -> tuple[tf.TensorShape, list[tf.Tensor]]:
+    """The op's view of one output shape: its ``output_shapes`` entry (-1 where the
+    size comes at run time; unknown rank for "the first input's") and the int64
+    tensors that give the run-time sizes."""
     if shape is None:
-        return tf.TensorShape(None)
-    dims = list(tf.TensorShape(shape).as_list() if isinstance(shape, tf.TensorShape) else shape)
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-            raise ValueError(
-                f"tf_op: output_shape of {name} in {lib_path} must be a list of ints >= 0, got {shape!r}"
-            )
-    return tf.TensorShape(dims)
+        return tf.TensorShape(None), []
+    if _is_tensor(shape):
+        t = _int_tensor(shape, where)
+        if t.shape.rank != 1 or t.shape[0] is None:
+            raise ValueError(f"{where}: a shape tensor must be 1-D with a static length, got shape {t.shape}")
+        return tf.TensorShape([None] * t.shape[0]), [t]
+    if isinstance(shape, tf.TensorShape):
+        return shape, []
+    dims, dynamic = [], []
+    for d in shape:
+        if _is_tensor(d):
+            t = _int_tensor(d, where)
+            if t.shape.rank != 0:
+                raise ValueError(f"{where}: tensors in a shape list must be scalars, got shape {t.shape}")
+            dims.append(None)
+            dynamic.append(tf.reshape(t, [1]))
+        else:
+            dims.append(int(d))
+    return tf.TensorShape(dims), dynamic
+
+
+def _int_tensor(value: Any, where: str) -> tf.Tensor:
+    t = tf.convert_to_tensor(value)
+    if t.dtype not in (tf.int32, tf.int64):
+        raise ValueError(f"{where}: shape tensors must be int32 or int64, got {t.dtype.name}")
+    return tf.cast(t, tf.int64)

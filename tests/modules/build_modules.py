@@ -1,17 +1,30 @@
-"""Builds the TVM modules the tests call, with apache-tvm's compiler.
+"""Builds the TVM modules the tests call.
 
 Run in its own process (``python build_modules.py OUT_DIR``): TVM's compiler
 carries its own LLVM, and the tests keep it out of the TensorFlow process. It
-writes ``OUT_DIR/testfuncs.so``, one library holding every test function.
+writes two libraries:
+
+- ``OUT_DIR/testfuncs.so``: functions compiled by apache-tvm (``tvm.compile``);
+- ``OUT_DIR/ffifuncs.so``: ffi_funcs.cc, built with apache-tvm-ffi's C++ export
+  macros (complex dtypes, pointer probes, deliberate errors).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import tvm
+import tvm_ffi.cpp
 from tvm import te
+
+#: Dtypes TVM compiles an ``inc_<dtype>`` (x + 1; ``not x`` for bool) for.
+TVM_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64",
+]
 
 
 def _func(name: str, args: list[te.Tensor]) -> "tvm.tirx.PrimFunc":
@@ -77,7 +90,30 @@ def test_functions() -> dict[str, tvm.tir.PrimFunc]:
     funcs["add_one_i64"] = _func(
         "add_one_i64", [x, te.compute((n,), lambda i: x[i] + tvm.tirx.const(1, "int64"), name="out")]
     )
+    # two_outputs(x: float32[m, n]) -> (float32[m, n] = 2x, float64[m] = row sums)
+    x = te.placeholder((m, n), name="x", dtype="float32")
+    doubled = te.compute((m, n), lambda i, j: x[i, j] * 2.0, name="doubled")
+    r = te.reduce_axis((0, n), name="r")
+    sums = te.compute((m,), lambda i: te.sum(x[i, r].astype("float64"), axis=r), name="sums")
+    funcs["two_outputs"] = _func("two_outputs", [x, doubled, sums])
+
+    for dtype in TVM_DTYPES:
+        name = f"inc_{dtype}"
+        x = te.placeholder((n,), name="x", dtype=dtype)
+        if dtype == "bool":
+            y = te.compute((n,), lambda i: tvm.tirx.Not(x[i]), name="y")
+        else:
+            y = te.compute((n,), lambda i: x[i] + tvm.tirx.const(1, dtype), name="y")
+        funcs[name] = _func(name, [x, y])
     return funcs
+
+
+def build_ffi_library(out: Path) -> None:
+    """ffi_funcs.cc, compiled against tvm-ffi's headers into ``out``."""
+    source = (Path(__file__).with_name("ffi_funcs.cc")).read_text()
+    with tempfile.TemporaryDirectory() as build_dir:
+        built = tvm_ffi.cpp.build_inline("ffifuncs", cpp_sources=source, build_directory=build_dir)
+        shutil.copy(built, out)
 
 
 def main(out_dir: str) -> None:
@@ -85,6 +121,7 @@ def main(out_dir: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     lib = tvm.compile(tvm.IRModule(test_functions()), target="llvm")
     lib.export_library(str(out / "testfuncs.so"))
+    build_ffi_library(out / "ffifuncs.so")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,20 @@ MODULES_DIR = Path(__file__).resolve().parent.parent / "modules"
 
 
 @pytest.fixture(scope="session")
-def testlib(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Path of testfuncs.so: add_one, vector_add, sum9, scale_mixed, ..."""
+def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the test libraries, built once per session."""
     out = tmp_path_factory.mktemp("tvm_modules")
     subprocess.run([sys.executable, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
-    return str(out / "testfuncs.so")
+    return out
+
+
+@pytest.fixture(scope="session")
+def testlib(modules_dir: Path) -> str:
+    """testfuncs.so (apache-tvm): add_one, vector_add, sum9, inc_<dtype>, ..."""
+    return str(modules_dir / "testfuncs.so")
+
+
+@pytest.fixture(scope="session")
+def ffilib(modules_dir: Path) -> str:
+    """ffifuncs.so (tvm-ffi C++): conj_complex64/128, pointer_probe, raise_*."""
+    return str(modules_dir / "ffifuncs.so")

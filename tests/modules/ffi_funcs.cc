@@ -1,0 +1,63 @@
+// Test functions built with tvm-ffi's C++ export macros, for what TVM's compiler
+// cannot produce: complex dtypes, pointer probes, and deliberate errors.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <complex>
+#include <cstdint>
+
+namespace {
+
+using tvm::ffi::TensorView;
+
+int64_t NumElements(const TensorView& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim(); ++i) n *= t.size(i);
+  return n;
+}
+
+void CheckDtype(const TensorView& t, DLDataTypeCode code, int bits, const char* name) {
+  if (t.dtype().code != code || t.dtype().bits != bits) {
+    TVM_FFI_THROW(TypeError) << "expected " << name << " tensors";
+  }
+}
+
+// y = conj(x), for complex64 or complex128.
+template <typename T>
+void Conj(TensorView x, TensorView y) {
+  CheckDtype(x, kDLComplex, 8 * sizeof(std::complex<T>), "complex");
+  CheckDtype(y, kDLComplex, 8 * sizeof(std::complex<T>), "complex");
+  if (NumElements(x) != NumElements(y)) TVM_FFI_THROW(ValueError) << "x and y differ in size";
+  const auto* in = static_cast<const std::complex<T>*>(x.data_ptr());
+  auto* out = static_cast<std::complex<T>*>(y.data_ptr());
+  for (int64_t i = 0; i < NumElements(x); ++i) out[i] = std::conj(in[i]);
+}
+
+// out[0] = the address of x's data, out[1] = the address of out's own data: the
+// tests compare them with TensorFlow's buffers to prove no copy was made.
+void PointerProbe(TensorView x, TensorView out) {
+  CheckDtype(out, kDLInt, 64, "int64");
+  if (NumElements(out) != 2) TVM_FFI_THROW(ValueError) << "out must hold 2 elements";
+  auto* o = static_cast<int64_t*>(out.data_ptr());
+  o[0] = reinterpret_cast<int64_t>(static_cast<char*>(x.data_ptr()) + x.byte_offset());
+  o[1] = reinterpret_cast<int64_t>(o);
+}
+
+// Always fails, the way a TVM function reports a bad argument.
+void RaiseValueError(TensorView x, TensorView y) {
+  TVM_FFI_THROW(ValueError) << "deliberate failure from raise_value_error";
+}
+
+// Always fails with an error kind that is not about the arguments.
+void RaiseRuntimeError(TensorView x, TensorView y) {
+  TVM_FFI_THROW(RuntimeError) << "deliberate runtime failure";
+}
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex64, Conj<float>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex128, Conj<double>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(pointer_probe, PointerProbe);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(raise_value_error, RaiseValueError);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(raise_runtime_error, RaiseRuntimeError);
