@@ -1,0 +1,368 @@
+"""Full op semantics: several outputs, dynamic shapes, every dtype, device,
+alignment and zero copy, threads, and graphs written for the old TvmDsoOp."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_op
+
+TVM_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64",
+]
+
+
+@pytest.fixture(scope="module")
+def mod(testlib: str) -> tf_op.Module:
+    return tf_op.Module(testlib)
+
+
+@pytest.fixture(scope="module")
+def ffi(ffilib: str) -> tf_op.Module:
+    return tf_op.Module(ffilib)
+
+
+def buffer_address(t: tf.Tensor) -> int:
+    """The address of an eager tensor's buffer (``numpy()`` would copy): read from
+    the DLTensor that TF's own DLPack export shares the buffer through."""
+    capsule = tf.experimental.dlpack.to_dlpack(t)
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = get_pointer(capsule, b"dltensor")
+    return ctypes.c_void_p.from_address(managed).value  # DLTensor.data comes first
+
+
+# --- several outputs -------------------------------------------------------------
+
+
+def test_several_outputs_of_different_dtypes_and_shapes(mod: tf_op.Module) -> None:
+    fn = mod.func("two_outputs", output_shapes=[None, [2]], output_dtypes=[None, "float64"])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    doubled, sums = fn(tf.constant(x))
+    assert doubled.dtype == tf.float32 and sums.dtype == tf.float64
+    np.testing.assert_array_equal(doubled.numpy(), x * 2)
+    np.testing.assert_array_equal(sums.numpy(), x.sum(axis=1))
+
+
+def test_several_outputs_in_tf_function(mod: tf_op.Module) -> None:
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        fn = mod.func("two_outputs", output_shapes=[None, [tf.shape(x)[0]]], output_dtypes=[tf.float32, tf.float64])
+        doubled, sums = fn(x)
+        assert doubled.shape.rank == 2 and sums.shape.as_list() == [None]
+        return doubled, sums
+
+    x = np.ones((4, 5), np.float32)
+    doubled, sums = f(tf.constant(x))
+    np.testing.assert_array_equal(doubled.numpy(), x * 2)
+    np.testing.assert_array_equal(sums.numpy(), [5.0] * 4)
+
+
+def test_single_entry_output_lists_return_a_tuple(mod: tf_op.Module) -> None:
+    (y,) = mod.func("add_one", output_dtypes=["float32"])(tf.constant([1.0]))
+    np.testing.assert_array_equal(y.numpy(), [2.0])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"output_shapes": [None, None], "output_dtypes": ["float32"]},
+        {"output_shapes": [], "output_dtypes": []},
+        {"output_shape": [2], "output_shapes": [[2]]},
+    ],
+)
+def test_inconsistent_output_lists(mod: tf_op.Module, kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="two_outputs"):
+        mod.func("two_outputs", **kwargs)
+
+
+# --- output shapes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_shape_as_1d_tensor(mod: tf_op.Module, dtype: tf.DType) -> None:
+    fn = mod.func("transpose", output_shape=tf.constant([3, 2], dtype))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(fn(tf.constant(x)).numpy(), x.T)
+
+
+def test_shape_mixing_ints_and_scalar_tensors(mod: tf_op.Module) -> None:
+    fn = mod.func("transpose", output_shape=[tf.constant(3), 2])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(fn(tf.constant(x)).numpy(), x.T)
+
+
+def test_shape_tensors_are_read_at_every_call(mod: tf_op.Module) -> None:
+    rows = tf.Variable(2, dtype=tf.int64)
+    fn = mod.func("row_sum", output_shape=[rows])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(x: tf.Tensor) -> tf.Tensor:
+        return fn(x)
+
+    np.testing.assert_array_equal(f(tf.ones([2, 3])).numpy(), [3.0, 3.0])
+    rows.assign(4)
+    np.testing.assert_array_equal(f(tf.ones([4, 2])).numpy(), [2.0] * 4)
+    np.testing.assert_array_equal(fn(tf.ones([4, 1])).numpy(), [1.0] * 4)
+
+
+def test_shape_function_static_and_dynamic(mod: tf_op.Module) -> None:
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(x: tf.Tensor) -> tf.Tensor:
+        static = mod.func("transpose", output_shape=[3, 2])(x)
+        constant = mod.func("transpose", output_shape=tf.constant([3, 2]))(x)
+        dynamic = mod.func("transpose", output_shape=[tf.shape(x)[1], tf.shape(x)[0]])(x)
+        assert static.shape.as_list() == [3, 2]
+        assert constant.shape.as_list() == [3, 2]
+        assert dynamic.shape.as_list() == [None, None]
+        return dynamic
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(f(tf.constant(x)).numpy(), x.T)
+
+
+def test_negative_shape_tensor_is_op_error(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"transpose.*dimension 0 is -3"):
+        mod.func("transpose", output_shape=tf.constant([-3, 2]))(tf.ones([2, 3]))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [tf.constant([[3, 2]]), tf.constant([3.0, 2.0]), [tf.constant([3]), 2], "32", 5, tf.TensorShape([None, 2])],
+)
+def test_malformed_shapes(mod: tf_op.Module, shape: object) -> None:
+    with pytest.raises(ValueError, match="shape"):
+        mod.func("transpose", output_shape=shape)(tf.ones([2, 3]))
+
+
+# --- dtypes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", TVM_DTYPES)
+def test_every_tvm_dtype(mod: tf_op.Module, dtype: str) -> None:
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    if dtype == "bool":
+        x = np.array([True, False, True])
+        expected = ~x
+    else:
+        x = np.array([0, 1, 5, 100], dtype=np_dtype)
+        expected = (x.astype(np.float64) + 1).astype(np_dtype)
+    y = mod.func(f"inc_{dtype}")(tf.constant(x, dtype=tf.as_dtype(dtype)))
+    assert y.dtype == tf.as_dtype(dtype)
+    np.testing.assert_array_equal(y.numpy(), expected)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_through_tvm_ffi_module(ffi: tf_op.Module, dtype: str) -> None:
+    x = np.array([1 + 2j, -3.5 - 0.5j, 0j], dtype=dtype)
+    y = ffi.func(f"conj_{dtype}")(tf.constant(x))
+    assert y.dtype == tf.as_dtype(dtype)
+    np.testing.assert_array_equal(y.numpy(), np.conj(x))
+
+
+def test_dtype_dlpack_cannot_describe(mod: tf_op.Module) -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 0 has dtype string"):
+        mod.func("add_one", output_dtype="float32", output_shape=[1])(tf.constant(["a"]))
+
+
+# --- device ----------------------------------------------------------------------
+
+
+def test_device_pins_the_op(mod: tf_op.Module) -> None:
+    fn = mod.func("add_one", device="/CPU:0")
+
+    @tf.function
+    def f(x: tf.Tensor) -> tf.Tensor:
+        return fn(x)
+
+    graph = f.get_concrete_function(tf.TensorSpec([None], tf.float32)).graph
+    (op,) = [o for o in graph.get_operations() if o.type == "TVMDSOOp"]
+    assert "CPU:0" in op.device
+    np.testing.assert_array_equal(f(tf.constant([1.0])).numpy(), [2.0])
+
+
+def test_device_none_follows_tf_placement(mod: tf_op.Module) -> None:
+    @tf.function
+    def f(x: tf.Tensor) -> tf.Tensor:
+        with tf.device("/CPU:0"):
+            return mod.func("add_one")(x)
+
+    graph = f.get_concrete_function(tf.TensorSpec([None], tf.float32)).graph
+    (op,) = [o for o in graph.get_operations() if o.type == "TVMDSOOp"]
+    assert "CPU:0" in op.device
+
+
+def test_missing_device_falls_back_with_soft_placement(mod: tf_op.Module) -> None:
+    # No GPU here: TF's soft placement (on by default) runs the op on the CPU.
+    assert not tf.config.list_physical_devices("GPU")
+    y = mod.func("add_one", device="/GPU:0")(tf.constant([1.0]))
+    np.testing.assert_array_equal(y.numpy(), [2.0])
+    assert "CPU" in y.device
+
+
+# --- alignment and zero copy -----------------------------------------------------
+
+
+def test_aligned_buffers_are_not_copied(ffi: tf_op.Module) -> None:
+    x = tf.constant(np.arange(64, dtype=np.float32))
+    assert buffer_address(x) % 64 == 0
+    probe = ffi.func("pointer_probe", output_shape=[2], output_dtype="int64")
+    out = probe(x)
+    seen_input, seen_output = out.numpy().tolist()
+    assert seen_input == buffer_address(x), "the input was copied"
+    assert seen_output == buffer_address(out), "the output was copied"
+
+
+def test_misaligned_buffers_go_through_aligned_scratch(ffi: tf_op.Module, mod: tf_op.Module) -> None:
+    alignment = 4096  # above TF's 64: forces scratch for input and output
+    x = tf.constant(np.arange(64, dtype=np.float32))
+    probe = ffi.func("pointer_probe", output_shape=[2], output_dtype="int64", alignment=alignment)
+    out = probe(x)
+    seen_input, seen_output = out.numpy().tolist()
+    assert seen_input % alignment == 0 and seen_output % alignment == 0
+    if buffer_address(x) % alignment:
+        assert seen_input != buffer_address(x)
+    # Values survive the copies in and out.
+    a = np.arange(1000, dtype=np.float32)
+    y = mod.func("vector_add", alignment=alignment)(tf.constant(a), tf.constant(a))
+    np.testing.assert_array_equal(y.numpy(), 2 * a)
+
+
+def test_slices_give_right_values(mod: tf_op.Module) -> None:
+    x = tf.constant(np.arange(17, dtype=np.float32))
+    np.testing.assert_array_equal(mod.func("add_one")(x[1:]).numpy(), np.arange(1, 17) + 1)
+
+
+# --- the error contract: docs/errors.md, one test per row --------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "pattern"),
+    [
+        ("missing path", tf.errors.NotFoundError, r"missing\.so"),
+        ("not a library", tf.errors.InvalidArgumentError, r"notalib\.so"),
+        ("no such function", tf.errors.NotFoundError, r"function not found: \"nope\""),
+        ("too few inputs", tf.errors.InvalidArgumentError, r"vector_add.*Expected 3 arguments"),
+        ("too many outputs", tf.errors.InvalidArgumentError, r"add_one.*Expected 2 arguments"),
+        ("wrong dtype", tf.errors.InvalidArgumentError, r"add_one.*float32"),
+        ("wrong rank", tf.errors.InvalidArgumentError, r"matrix_add_one.*ndim"),
+        ("wrong shape", tf.errors.InvalidArgumentError, r"add_one_4.*expected 4"),
+        ("negative output size", tf.errors.InvalidArgumentError, r"dimension 0 is -1"),
+        ("bad alignment at the op", tf.errors.InvalidArgumentError, r"power of two"),
+        ("function raises ValueError", tf.errors.InvalidArgumentError, r"deliberate failure"),
+        ("function raises RuntimeError", tf.errors.UnknownError, r"RuntimeError: deliberate runtime"),
+    ],
+)
+def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffilib: str, tmp_path) -> None:
+    mod, ffi = tf_op.Module(testlib), tf_op.Module(ffilib)
+    x = tf.constant([1.0, 2.0, 3.0])
+    notalib = tmp_path / "notalib.so"
+    notalib.write_text("text")
+    calls = {
+        "missing path": lambda: tf_op.Module(tmp_path / "missing.so").func("add_one")(x),
+        "not a library": lambda: tf_op.Module(notalib).func("add_one")(x),
+        "no such function": lambda: mod.func("nope")(x),
+        "too few inputs": lambda: mod.func("vector_add")(x),
+        "too many outputs": lambda: mod.func("add_one", output_shapes=[None, None])(x),
+        "wrong dtype": lambda: mod.func("add_one")(tf.constant([1], tf.int64)),
+        "wrong rank": lambda: mod.func("matrix_add_one")(x),
+        "wrong shape": lambda: mod.func("add_one_4")(x),
+        "negative output size": lambda: mod.func("add_one", output_shape=[tf.constant(-1)])(x),
+        "bad alignment at the op": lambda: tf_op.ops().tvmdso_op(
+            args=[x], output_dims=tf.zeros([0], tf.int64), Tout=[tf.float32],
+            output_shapes=[tf.TensorShape(None)], lib_path=testlib, func_name="add_one", alignment=3,
+        ),
+        "function raises ValueError": lambda: ffi.func("raise_value_error")(x),
+        "function raises RuntimeError": lambda: ffi.func("raise_runtime_error")(x),
+    }
+    with pytest.raises(error, match=f"(?s){pattern}"):
+        calls[case]()
+    # Nothing aborted; the next good call works.
+    np.testing.assert_array_equal(mod.func("add_one")(x).numpy(), [2.0, 3.0, 4.0])
+
+
+# --- threads ---------------------------------------------------------------------
+
+
+def test_many_threads_same_and_different_functions(mod: tf_op.Module) -> None:
+    add_one, vector_add, row_sum = mod.func("add_one"), mod.func("vector_add"), mod.func("row_sum", output_shape=[8])
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(40):
+                a = rng.standard_normal(257).astype(np.float32)
+                m = rng.standard_normal((8, 5)).astype(np.float32)
+                np.testing.assert_array_equal(add_one(tf.constant(a)).numpy(), a + 1)
+                np.testing.assert_array_equal(vector_add(tf.constant(a), tf.constant(a)).numpy(), a + a)
+                np.testing.assert_allclose(row_sum(tf.constant(m)).numpy(), m.sum(axis=1), rtol=1e-5)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_parallel_ops_in_one_graph(mod: tf_op.Module) -> None:
+    add_one = mod.func("add_one")
+
+    @tf.function
+    def f(x: tf.Tensor) -> list[tf.Tensor]:
+        return [add_one(x + float(k)) for k in range(32)]  # independent: TF runs them at once
+
+    outs = f(tf.constant(np.arange(1000, dtype=np.float32)))
+    for k, out in enumerate(outs):
+        np.testing.assert_array_equal(out.numpy(), np.arange(1000) + k + 1)
+
+
+# --- graphs written for TVM 0.7-0.19's TvmDsoOp ------------------------------------
+
+
+def legacy_graph(testlib: str, func_name: str, shape_input: np.ndarray, static_shape: list[int] | None) -> tf.compat.v1.GraphDef:
+    """A GraphDef as tvm.contrib.tf_op wrote it: placeholder x, a Const for the
+    dynamic shape, and a TvmDsoOp node."""
+    graph_def = tf.compat.v1.GraphDef()
+    x = graph_def.node.add(name="x", op="Placeholder")
+    x.attr["dtype"].type = tf.float32.as_datatype_enum
+    shape = graph_def.node.add(name="shape", op="Const")
+    shape.attr["dtype"].type = tf.int64.as_datatype_enum
+    shape.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(shape_input, dtype=tf.int64))
+    node = graph_def.node.add(name="tvm", op="TvmDsoOp")
+    node.input.extend(["x", "shape"])
+    node.attr["ListT"].list.type.append(tf.float32.as_datatype_enum)
+    node.attr["lib_path"].s = testlib.encode()
+    node.attr["func_name"].s = func_name.encode()
+    node.attr["output_dtype"].type = tf.float32.as_datatype_enum
+    node.attr["has_static_output_shape"].b = static_shape is not None
+    node.attr["static_output_shape"].list.i.extend(static_shape or [])
+    return graph_def
+
+
+@pytest.mark.parametrize(
+    ("func_name", "shape_input", "static_shape", "x", "expected"),
+    [
+        ("transpose", np.int64(0), [3, 2], np.arange(6, dtype=np.float32).reshape(2, 3), lambda x: x.T),
+        ("transpose", np.array([3, 2]), None, np.arange(6, dtype=np.float32).reshape(2, 3), lambda x: x.T),
+        ("add_one", np.int64(0), None, np.arange(4, dtype=np.float32), lambda x: x + 1),
+    ],
+    ids=["static attr", "dynamic shape tensor", "first input's shape"],
+)
+def test_legacy_graphdef_runs_unchanged(testlib: str, func_name, shape_input, static_shape, x, expected) -> None:
+    with tf.Graph().as_default() as g:
+        tf.graph_util.import_graph_def(legacy_graph(testlib, func_name, shape_input, static_shape), name="")
+        with tf.compat.v1.Session(graph=g) as sess:
+            out = sess.run("tvm:0", feed_dict={"x:0": x})
+    np.testing.assert_array_equal(out, expected(x))
