@@ -48,8 +48,21 @@ func tvmdsoopResolveFunction(libPath, funcName *C.char, out *C.DsoopFunction, er
 	if err == nil {
 		return 0
 	}
-	*errMsg = C.CString(err.Error())
+	*errMsg = C.CString(describe(err))
 	return C.int(statusCode(err))
+}
+
+// describe words an error for a message that already names the library and the
+// function (the kernel's prefix), so the common cases do not repeat them.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "the library file does not exist"
+	case errors.Is(err, dsoop.ErrFunctionNotFound):
+		return "the library has no function of that name"
+	default:
+		return err.Error()
+	}
 }
 
 func resolveFunction(libPath, funcName string, out unsafe.Pointer) error {

@@ -249,7 +249,7 @@ def test_slices_give_right_values(mod: tf_op.Module) -> None:
     [
         ("missing path", tf.errors.NotFoundError, r"missing\.so"),
         ("not a library", tf.errors.InvalidArgumentError, r"notalib\.so"),
-        ("no such function", tf.errors.NotFoundError, r"function not found: \"nope\""),
+        ("no such function", tf.errors.NotFoundError, r"'nope'.*no function of that name"),
         ("too few inputs", tf.errors.InvalidArgumentError, r"vector_add.*Expected 3 arguments"),
         ("too many outputs", tf.errors.InvalidArgumentError, r"add_one.*Expected 2 arguments"),
         ("wrong dtype", tf.errors.InvalidArgumentError, r"add_one.*float32"),
