@@ -1,6 +1,7 @@
 # make demo   compile a TVM function and run it inside TensorFlow
 # make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
 # make build  the op library, build/libtvm_dso_op.so
+# make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -9,7 +10,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-go test-python demo vet clean
+.PHONY: all setup build test test-go test-python demo bench clean
 
 all: build
 
@@ -42,6 +43,9 @@ test-python:
 
 demo: build
 	$(PYTHON) examples/demo.py
+
+bench: build
+	$(PYTHON) bench/run.py
 
 clean:
 	rm -rf $(BUILD)
