@@ -2,6 +2,7 @@
 # make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
 # make build  the op library, build/libtvm_dso_op.so
 # make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
+# make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -10,7 +11,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-go test-python demo bench clean
+.PHONY: all setup build test test-go test-python go-examples run-go-examples demo bench clean
 
 all: build
 
@@ -34,9 +35,19 @@ build: $(BUILD)/build.ninja
 test: build
 	$(MAKE) --no-print-directory test-go test-python
 
-test-go:
+go-examples: build
+	$(MAKE) --no-print-directory run-go-examples
+
+test-go: run-go-examples
 	go vet ./...
 	go test -count=1 ./...
+
+# The Go examples, run on an add_one compiled by TVM.
+run-go-examples:
+	mkdir -p $(BUILD)/examples
+	$(PYTHON) examples/build_add_one.py $(BUILD)/examples/add_one.so
+	go run ./examples/go/addone $(BUILD)/examples/add_one.so
+	go run ./examples/go/session $(BUILD)/examples/add_one.so
 
 test-python:
 	$(PYTHON) -m pytest -q tests/python

@@ -194,3 +194,45 @@ int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t 
   release_any(&result);
   return 0;
 }
+
+int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                              DsoopValue* out, DsoopError* err) {
+  TVMFFIAny result;
+  memset(out, 0, sizeof(*out));
+  if (call_raw(fn->handle, args, num_args, &result, err) != 0) return -1;
+  int rc = 0;
+  switch (result.type_index) {
+    case kTVMFFINone:
+      out->type_index = kTVMFFINone;
+      break;
+    case kTVMFFIInt:
+    case kTVMFFIBool:
+      out->type_index = result.type_index;
+      out->v_int = result.v_int64;
+      break;
+    case kTVMFFIFloat:
+      out->type_index = kTVMFFIFloat;
+      out->v_float = result.v_float64;
+      break;
+    case kTVMFFISmallStr:
+    case kTVMFFISmallBytes:
+      out->type_index = kTVMFFIStr;
+      out->v_str = copy_bytes(result.v_bytes, result.small_str_len);
+      out->str_len = result.small_str_len;
+      break;
+    case kTVMFFIStr:
+    case kTVMFFIBytes: {
+      // Str and Bytes objects hold a TVMFFIByteArray after the header.
+      const TVMFFIByteArray* bytes = (const TVMFFIByteArray*)object_cell(result.v_obj);
+      out->type_index = kTVMFFIStr;
+      out->v_str = copy_bytes(bytes->data, bytes->size);
+      out->str_len = bytes->size;
+      break;
+    }
+    default:
+      rc = set_error(err, "TypeError", "the function returned a value of type index %d, "
+                     "which dsoop does not convert", (int)result.type_index);
+  }
+  release_any(&result);
+  return rc;
+}

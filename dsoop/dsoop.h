@@ -59,9 +59,23 @@ void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out);
 void dsoop_object_release(TVMFFIObjectHandle obj);
 
 // Calls fn with packed arguments. Any returned object is released. 0 on success,
-// -1 with err filled on failure.
+// -1 with err filled on failure. This is the per-call path of the TF kernels.
 int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
                         DsoopError* err);
+
+// A value a function returned, converted to plain C.
+typedef struct {
+  int32_t type_index;  // kTVMFFINone, kTVMFFIInt, kTVMFFIBool, kTVMFFIFloat or kTVMFFIStr
+  int64_t v_int;       // Int and Bool
+  double v_float;      // Float
+  char* v_str;         // Str (and Bytes, as kTVMFFIStr): malloc'ed, free with free()
+  size_t str_len;
+} DsoopValue;
+
+// Like dsoop_function_call, and converts the returned value into *out. A value
+// of another type (an object, a tensor) is released and reported as an error.
+int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                              DsoopValue* out, DsoopError* err);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -6,7 +6,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,8 +17,9 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 )
 
-// testLib is the library of test functions built by tests/modules/build_modules.py.
-var testLib string
+// The test libraries built by tests/modules/build_modules.py: testLib by
+// apache-tvm, ffiLib with tvm-ffi's C++ macros (scalars, errors, probes).
+var testLib, ffiLib string
 
 // TestMain builds the test functions with apache-tvm, in the project's venv (or
 // the Python named by TVMDSOOP_PYTHON). `make test` sets up both the venv and
@@ -37,12 +40,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	testLib = filepath.Join(dir, "testfuncs.so")
+	ffiLib = filepath.Join(dir, "ffifuncs.so")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-func mustTensor[T dlpack.Element](t *testing.T, data []T, shape ...int64) *dlpack.Tensor {
+func mustTensor[T dlpack.Element](t testing.TB, data []T, shape ...int64) *dlpack.Tensor {
 	t.Helper()
 	tensor, err := dlpack.FromSlice(data, shape...)
 	require.NoError(t, err)
@@ -51,8 +55,19 @@ func mustTensor[T dlpack.Element](t *testing.T, data []T, shape ...int64) *dlpac
 
 func openFunc(t *testing.T, name string) *dsoop.Func {
 	t.Helper()
-	m, err := dsoop.Open(testLib)
+	return openFuncIn(t, testLib, name)
+}
+
+func openFuncB(b *testing.B, name string) *dsoop.Func {
+	b.Helper()
+	return openFuncIn(b, testLib, name)
+}
+
+func openFuncIn(t testing.TB, lib, name string) *dsoop.Func {
+	t.Helper()
+	m, err := dsoop.Open(lib)
 	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
 	f, err := m.Func(name)
 	require.NoError(t, err)
 	t.Cleanup(func() { f.Close() })
@@ -114,7 +129,11 @@ func TestCallComputesValues(t *testing.T) {
 			f := openFunc(t, tc.fn)
 			out := make([]float32, len(tc.out))
 			outTensor := mustTensor(t, out, tc.shape...)
-			require.NoError(t, f.Call(append(tc.inputs(t), outTensor)...))
+			var args []any
+			for _, in := range tc.inputs(t) {
+				args = append(args, in)
+			}
+			require.NoError(t, f.Call(append(args, outTensor)...))
 			assert.Equal(t, tc.out, out)
 		})
 	}
@@ -182,14 +201,126 @@ func TestErrors(t *testing.T) {
 	})
 }
 
-func TestOpenSharesModules(t *testing.T) {
+func TestModuleOpenAndClose(t *testing.T) {
 	a, err := dsoop.Open(testLib)
 	require.NoError(t, err)
 	t.Chdir(filepath.Dir(testLib))
 	b, err := dsoop.Open(filepath.Base(testLib))
 	require.NoError(t, err)
-	assert.Same(t, a, b)
 	assert.Equal(t, testLib, a.Path())
+	assert.Equal(t, a.Path(), b.Path())
+
+	f, err := a.Func("add_one")
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, a.Close())
+	require.NoError(t, a.Close(), "Close is idempotent")
+	_, err = a.Func("add_one")
+	require.ErrorIs(t, err, dsoop.ErrClosed)
+
+	// b still holds the library, and f keeps working after every Module is closed.
+	g, err := b.Func("add_one")
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, b.Close())
+	out := make([]float32, 2)
+	require.NoError(t, f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, out)))
+	assert.Equal(t, []float32{2, 3}, out)
+	require.NoError(t, g.Call(mustTensor(t, []float32{5, 6}), mustTensor(t, out)))
+	assert.Equal(t, []float32{6, 7}, out)
+
+	// Opening again after the last Close loads the library anew.
+	c, err := dsoop.Open(testLib)
+	require.NoError(t, err)
+	defer c.Close()
+	h, err := c.Func("add_one")
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.Call(mustTensor(t, []float32{0, 0}), mustTensor(t, out)))
+	assert.Equal(t, []float32{1, 1}, out)
+}
+
+func TestScalarArgumentsAndResults(t *testing.T) {
+	tests := []struct {
+		name string
+		fn   string
+		args []any
+		want any
+	}{
+		{"int64", "add_int", []any{int64(40), int64(2)}, int64(42)},
+		{"Go ints of every width", "add_int", []any{int8(-3), uint32(5)}, int64(2)},
+		{"float64", "scale", []any{1.5, 4.0}, 6.0},
+		{"float32 widens", "scale", []any{float32(0.5), 3}, 1.5},
+		{"bool", "negate", []any{true}, false},
+		{"string", "greet", []any{"gopher"}, "hello, gopher"},
+		{"long string", "greet", []any{"a name longer than a small string"}, "hello, a name longer than a small string"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := openFuncIn(t, ffiLib, tc.fn).CallValue(tc.args...)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestTensorAndScalar(t *testing.T) {
+	out := make([]float32, 3)
+	require.NoError(t, openFuncIn(t, ffiLib, "fill").Call(mustTensor(t, out), 2.5))
+	assert.Equal(t, []float32{2.5, 2.5, 2.5}, out)
+}
+
+func TestBadArguments(t *testing.T) {
+	f := openFuncIn(t, ffiLib, "add_int")
+	tests := []struct {
+		name string
+		args []any
+		msg  string
+	}{
+		{"unsupported Go type", []any{struct{}{}, 1}, "argument 0 has type struct {}"},
+		{"uint64 overflow", []any{uint64(1 << 63), 1}, "argument 0 has type uint64"},
+		{"nil tensor", []any{(*dlpack.Tensor)(nil)}, "argument 0 is a nil tensor"},
+		{"wrong count", []any{int64(1)}, "add_int"},
+		{"wrong type for TVM", []any{"one", 2}, "add_int"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := f.CallValue(tc.args...)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}
+
+func TestForeignMemory(t *testing.T) {
+	// Memory Go does not own (here mmap'ed) goes to TVM as it is.
+	mem, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	defer syscall.Munmap(mem)
+	in := unsafe.Slice((*float32)(unsafe.Pointer(&mem[0])), 4)
+	out := unsafe.Slice((*float32)(unsafe.Pointer(&mem[64])), 4)
+	copy(in, []float32{1, 2, 3, 4})
+	x := &dlpack.Tensor{Data: unsafe.Pointer(&mem[0]), Device: dlpack.Device{Type: dlpack.CPU}, DType: dlpack.Float32, Shape: []int64{4}}
+	y := &dlpack.Tensor{Data: unsafe.Pointer(&mem[64]), Device: dlpack.Device{Type: dlpack.CPU}, DType: dlpack.Float32, Shape: []int64{4}}
+	require.NoError(t, openFunc(t, "add_one").Call(x, y))
+	assert.Equal(t, []float32{2, 3, 4, 5}, out)
+}
+
+func TestFunctionErrorsCarryTVMKind(t *testing.T) {
+	tests := []struct{ fn, kind, msg string }{
+		{"raise_value_error", "ValueError", "deliberate failure"},
+		{"raise_runtime_error", "RuntimeError", "deliberate runtime failure"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.fn, func(t *testing.T) {
+			x := mustTensor(t, []float32{1})
+			err := openFuncIn(t, ffiLib, tc.fn).Call(x, x)
+			var tvmErr *dsoop.Error
+			require.ErrorAs(t, err, &tvmErr)
+			assert.Equal(t, tc.kind, tvmErr.Kind)
+			assert.Contains(t, tvmErr.Message, tc.msg)
+		})
+	}
 }
 
 func TestConcurrentCalls(t *testing.T) {

@@ -3,19 +3,13 @@ package dsoop
 /*
 #include <stdlib.h>
 #include "dsoop.h"
-
-// Fills one packed argument with a DLTensor pointer (cgo cannot reach the union).
-static void dsoop_set_tensor_arg(TVMFFIAny* args, int i, DLTensor* t) {
-  args[i].type_index = kTVMFFIDLTensorPtr;
-  args[i].zero_padding = 0;
-  args[i].v_ptr = t;
-}
 */
 import "C"
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -24,11 +18,12 @@ import (
 )
 
 // Func is a function of a TVM module, resolved once and callable many times from
-// any goroutine. Close it when done; a finaliser releases it otherwise.
+// any goroutine. Close it when done; a finaliser releases it otherwise. A Func
+// keeps its library loaded even after its Module is closed.
 type Func struct {
-	name   string
-	module *Module
-	ref    *funcRef
+	name string
+	path string
+	ref  *funcRef
 }
 
 // funcRef owns the reference to the TVM function object. It is apart from Func so
@@ -48,8 +43,8 @@ func (r *funcRef) close() {
 	}
 }
 
-func newFunc(name string, module *Module, fn C.DsoopFunction) *Func {
-	f := &Func{name: name, module: module, ref: &funcRef{fn: fn}}
+func newFunc(name, path string, fn C.DsoopFunction) *Func {
+	f := &Func{name: name, path: path, ref: &funcRef{fn: fn}}
 	runtime.AddCleanup(f, (*funcRef).close, f.ref)
 	return f
 }
@@ -57,73 +52,222 @@ func newFunc(name string, module *Module, fn C.DsoopFunction) *Func {
 // Name is the function's name in its module.
 func (f *Func) Name() string { return f.name }
 
-// Module is the module the function belongs to.
-func (f *Func) Module() *Module { return f.module }
+// ErrClosed is returned by calls on a closed Func or Module.
+var ErrClosed = errors.New("dsoop: closed")
 
-var errClosed = errors.New("dsoop: function is closed")
+// Call calls the function for its effect. By TVM's destination-passing
+// convention, tensor functions take their inputs, then the outputs they write.
+//
+// Arguments may be *dlpack.Tensor (or dlpack.Tensor), Go integers, float32 and
+// float64, bool, string, or nil. Tensor memory is passed without a copy: Go memory
+// (from dlpack.FromSlice) is pinned for the duration of the call, and foreign
+// memory (C, mmap, device) is passed as it is.
+func (f *Func) Call(args ...any) error {
+	_, err := f.call(args, false)
+	return err
+}
 
-// Call calls the function with tensors, in order: by TVM's destination-passing
-// convention, inputs first, then the outputs it writes. The tensors' memory is
-// passed without a copy; Go memory is pinned for the duration of the call.
-func (f *Func) Call(tensors ...*dlpack.Tensor) error {
+// CallValue calls the function and returns what it returned: nil, int64,
+// float64, bool or string.
+func (f *Func) CallValue(args ...any) (any, error) {
+	return f.call(args, true)
+}
+
+func (f *Func) call(args []any, wantValue bool) (any, error) {
 	f.ref.mu.RLock()
 	defer f.ref.mu.RUnlock()
 	if f.ref.closed {
-		return errClosed
+		return nil, fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
 	}
-	n := len(tensors)
-	// DLTensors and shapes live in C memory: cgo forbids C code from keeping Go
-	// pointers to Go memory that itself holds Go pointers.
-	var cshapes, cstrides int
-	for _, t := range tensors {
-		cshapes += len(t.Shape)
-		cstrides += len(t.Strides)
+	packed, err := packArgs(args)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
 	}
-	block := C.calloc(C.size_t(n*int(C.sizeof_DLTensor)+n*int(C.sizeof_TVMFFIAny)+(cshapes+cstrides)*8+8), 1)
-	if block == nil {
-		return errors.New("dsoop: out of memory")
-	}
-	defer C.free(block)
-	dl := unsafe.Slice((*C.DLTensor)(block), n)
-	args := (*C.TVMFFIAny)(unsafe.Add(block, n*int(C.sizeof_DLTensor)))
-	dims := unsafe.Slice((*C.int64_t)(unsafe.Add(block, n*int(C.sizeof_DLTensor)+n*int(C.sizeof_TVMFFIAny))), cshapes+cstrides)
-
-	var pinner runtime.Pinner
-	defer pinner.Unpin()
-	for i, t := range tensors {
-		if t == nil {
-			return fmt.Errorf("dsoop: %s: argument %d is a nil tensor", f.name, i)
-		}
-		if t.Data != nil {
-			pinner.Pin(t.Data)
-		}
-		d := &dl[i]
-		d.data = t.Data
-		d.device = C.DLDevice{device_type: C.DLDeviceType(t.Device.Type), device_id: C.int32_t(t.Device.ID)}
-		d.ndim = C.int32_t(len(t.Shape))
-		d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}
-		d.byte_offset = C.uint64_t(t.ByteOffset)
-		if len(t.Shape) > 0 {
-			d.shape = &dims[0]
-			for j, v := range t.Shape {
-				dims[j] = C.int64_t(v)
-			}
-			dims = dims[len(t.Shape):]
-		}
-		if len(t.Strides) > 0 {
-			d.strides = &dims[0]
-			for j, v := range t.Strides {
-				dims[j] = C.int64_t(v)
-			}
-			dims = dims[len(t.Strides):]
-		}
-		C.dsoop_set_tensor_arg(args, C.int(i), d)
-	}
+	defer packed.free()
 	var cerr C.DsoopError
-	if C.dsoop_function_call(&f.ref.fn, args, C.int32_t(n), &cerr) != 0 {
-		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.module.path, takeError(&cerr))
+	if !wantValue {
+		if C.dsoop_function_call(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)), &cerr) != 0 {
+			return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
+		}
+		return nil, nil
 	}
-	return nil
+	var out C.DsoopValue
+	if C.dsoop_function_call_value(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)), &out, &cerr) != 0 {
+		return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
+	}
+	switch out.type_index {
+	case C.kTVMFFIInt:
+		return int64(out.v_int), nil
+	case C.kTVMFFIBool:
+		return out.v_int != 0, nil
+	case C.kTVMFFIFloat:
+		return float64(out.v_float), nil
+	case C.kTVMFFIStr:
+		defer C.free(unsafe.Pointer(out.v_str))
+		return C.GoStringN(out.v_str, C.int(out.str_len)), nil
+	default:
+		return nil, nil
+	}
+}
+
+// ffiAny mirrors TVMFFIAny (c_api.h), whose union cgo cannot reach: a type
+// index, 4 bytes of padding, then 8 bytes of value.
+type ffiAny struct {
+	typeIndex int32
+	padding   uint32
+	value     uint64
+}
+
+func init() {
+	if unsafe.Sizeof(ffiAny{}) != C.sizeof_TVMFFIAny {
+		panic("dsoop: ffiAny does not match TVMFFIAny")
+	}
+}
+
+// packedArgs is one call's arguments, in Go memory that C reads during the call:
+// the packed TVMFFIAny array, the DLTensors and their shapes, and NUL-terminated
+// strings. Everything a C pointer reaches is pinned, which is what lets C code
+// follow Go pointers (cgo's rules) without a malloc and a copy per call.
+type packedArgs struct {
+	anys    []ffiAny
+	tensors []C.DLTensor
+	dims    []C.int64_t
+	pinner  runtime.Pinner
+}
+
+func (p *packedArgs) free() { p.pinner.Unpin() }
+
+func (p *packedArgs) cArgs() *C.TVMFFIAny {
+	if len(p.anys) == 0 {
+		return nil
+	}
+	return (*C.TVMFFIAny)(unsafe.Pointer(&p.anys[0]))
+}
+
+// setPointer stores a pointer argument; ptr must already be pinned.
+func (p *packedArgs) setPointer(i int, typeIndex int32, ptr unsafe.Pointer) {
+	p.anys[i] = ffiAny{typeIndex: typeIndex, value: uint64(uintptr(ptr))}
+}
+
+func packArgs(args []any) (*packedArgs, error) {
+	numTensors, numDims := 0, 0
+	for _, a := range args {
+		switch t := a.(type) {
+		case *dlpack.Tensor:
+			if t != nil {
+				numTensors++
+				numDims += len(t.Shape) + len(t.Strides)
+			}
+		case dlpack.Tensor:
+			numTensors++
+			numDims += len(t.Shape) + len(t.Strides)
+		}
+	}
+	p := &packedArgs{
+		anys:    make([]ffiAny, len(args)),
+		tensors: make([]C.DLTensor, numTensors),
+		dims:    make([]C.int64_t, numDims),
+	}
+	if numTensors > 0 {
+		p.pinner.Pin(&p.tensors[0])
+	}
+	if numDims > 0 {
+		p.pinner.Pin(&p.dims[0])
+	}
+	tensors, dims := p.tensors, p.dims
+	for i, a := range args {
+		if v, ok := a.(dlpack.Tensor); ok {
+			a = &v
+		}
+		switch v := a.(type) {
+		case *dlpack.Tensor:
+			if v == nil {
+				p.free()
+				return nil, fmt.Errorf("argument %d is a nil tensor", i)
+			}
+			d := &tensors[0]
+			tensors = tensors[1:]
+			dims = fillDLTensor(d, v, dims, &p.pinner)
+			p.setPointer(i, C.kTVMFFIDLTensorPtr, unsafe.Pointer(d))
+		case nil:
+			p.anys[i] = ffiAny{typeIndex: C.kTVMFFINone}
+		case bool:
+			p.anys[i] = ffiAny{typeIndex: C.kTVMFFIBool}
+			if v {
+				p.anys[i].value = 1
+			}
+		case float32:
+			p.anys[i] = ffiAny{typeIndex: C.kTVMFFIFloat, value: math.Float64bits(float64(v))}
+		case float64:
+			p.anys[i] = ffiAny{typeIndex: C.kTVMFFIFloat, value: math.Float64bits(v)}
+		case string:
+			s := append([]byte(v), 0)
+			p.pinner.Pin(&s[0])
+			p.setPointer(i, C.kTVMFFIRawStr, unsafe.Pointer(&s[0]))
+		default:
+			iv, ok := toInt64(a)
+			if !ok {
+				p.free()
+				return nil, fmt.Errorf("argument %d has type %T; dsoop passes tensors, integers, floats, bools, strings and nil", i, a)
+			}
+			p.anys[i] = ffiAny{typeIndex: C.kTVMFFIInt, value: uint64(iv)}
+		}
+	}
+	return p, nil
+}
+
+func toInt64(a any) (int64, bool) {
+	switch v := a.(type) {
+	case int:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint:
+		return int64(v), v <= math.MaxInt64
+	case uint64:
+		return int64(v), v <= math.MaxInt64
+	}
+	return 0, false
+}
+
+// fillDLTensor describes t in d, with its shape and strides in dims; it returns
+// what is left of dims.
+func fillDLTensor(d *C.DLTensor, t *dlpack.Tensor, dims []C.int64_t, pinner *runtime.Pinner) []C.int64_t {
+	if t.Data != nil {
+		pinner.Pin(t.Data) // does nothing for memory Go does not own
+	}
+	d.data = t.Data
+	d.device = C.DLDevice{device_type: C.DLDeviceType(t.Device.Type), device_id: C.int32_t(t.Device.ID)}
+	d.ndim = C.int32_t(len(t.Shape))
+	d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}
+	d.byte_offset = C.uint64_t(t.ByteOffset)
+	if len(t.Shape) > 0 {
+		d.shape = &dims[0]
+		for j, v := range t.Shape {
+			dims[j] = C.int64_t(v)
+		}
+		dims = dims[len(t.Shape):]
+	}
+	if len(t.Strides) > 0 {
+		d.strides = &dims[0]
+		for j, v := range t.Strides {
+			dims[j] = C.int64_t(v)
+		}
+		dims = dims[len(t.Strides):]
+	}
+	return dims
 }
 
 // Close releases the function. Calls after Close fail; Close is idempotent.
@@ -140,7 +284,7 @@ func (f *Func) RetainNative(dst unsafe.Pointer) error {
 	f.ref.mu.RLock()
 	defer f.ref.mu.RUnlock()
 	if f.ref.closed {
-		return errClosed
+		return ErrClosed
 	}
 	C.dsoop_function_retain(&f.ref.fn, (*C.DsoopFunction)(dst))
 	return nil

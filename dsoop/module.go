@@ -19,31 +19,41 @@ import (
 // ErrFunctionNotFound means a module has no function of the requested name.
 var ErrFunctionNotFound = errors.New("function not found")
 
-// Module is a loaded TVM module. Modules are loaded once per process per path and
-// shared: the native code of a library cannot be safely unloaded, so a Module
-// lives as long as the process.
+// Module is an open TVM module. A library is loaded once per process per path:
+// every Open of the same file shares one loaded module, which is released when
+// the last Module opened on it is closed. Funcs keep their library loaded on their
+// own, so closing a Module does not invalidate the Funcs taken from it.
 type Module struct {
+	entry  *moduleEntry
+	mu     sync.RWMutex
+	closed bool
+}
+
+// moduleEntry is one loaded library, shared by the Modules opened on its path.
+type moduleEntry struct {
 	path   string
 	handle C.TVMFFIObjectHandle
+	opens  int // guarded by modulesMu
 }
 
 var (
 	modulesMu sync.Mutex
-	modules   = map[string]*Module{}
+	modules   = map[string]*moduleEntry{}
 )
 
-// Open loads the TVM module at path, or returns the one already loaded from it.
+// Open loads the TVM module at path, or shares the one already loaded from it.
 func Open(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, fmt.Errorf("dsoop: module %q: %w", path, err)
+		return nil, fmt.Errorf("dsoop: library %q: %w", path, err)
 	}
 	modulesMu.Lock()
 	defer modulesMu.Unlock()
-	if m, ok := modules[abs]; ok {
-		return m, nil
+	if e, ok := modules[abs]; ok {
+		e.opens++
+		return &Module{entry: e}, nil
 	}
-	// Checked here so that the common mistake gets os's clear error, not the loader's.
+	// Checked here so that the common mistakes get clear errors, not the loader's.
 	st, err := os.Stat(abs)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
@@ -64,26 +74,50 @@ func Open(path string) (*Module, error) {
 	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
 		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, takeError(&cerr))
 	}
-	m := &Module{path: abs, handle: handle}
-	modules[abs] = m
-	return m, nil
+	e := &moduleEntry{path: abs, handle: handle, opens: 1}
+	modules[abs] = e
+	return &Module{entry: e}, nil
 }
 
 // Path is the absolute path the module was loaded from.
-func (m *Module) Path() string { return m.path }
+func (m *Module) Path() string { return m.entry.path }
 
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
+	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var cerr C.DsoopError
 	var fn C.DsoopFunction
-	switch C.dsoop_module_get_function(m.handle, cname, &fn, &cerr) {
+	switch C.dsoop_module_get_function(m.entry.handle, cname, &fn, &cerr) {
 	case 1:
+		return newFunc(name, m.entry.path, fn), nil
 	case 0:
-		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.path, ErrFunctionNotFound, name)
+		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.entry.path, ErrFunctionNotFound, name)
 	default:
-		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.path, name, takeError(&cerr))
+		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, takeError(&cerr))
 	}
-	return newFunc(name, m, fn), nil
+}
+
+// Close releases this Module; the library is released with the last one open on
+// its path. Close is idempotent.
+func (m *Module) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	modulesMu.Lock()
+	defer modulesMu.Unlock()
+	m.entry.opens--
+	if m.entry.opens == 0 {
+		delete(modules, m.entry.path)
+		C.dsoop_object_release(m.entry.handle)
+	}
+	return nil
 }

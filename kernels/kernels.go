@@ -65,6 +65,8 @@ func describe(err error) string {
 	}
 }
 
+// resolveFunction never closes the Module it opens: the library then stays loaded
+// for the life of the process, and later kernels share it.
 func resolveFunction(libPath, funcName string, out unsafe.Pointer) error {
 	module, err := dsoop.Open(libPath)
 	if err != nil {

@@ -1,11 +1,14 @@
 // Test functions built with tvm-ffi's C++ export macros, for what TVM's compiler
-// cannot produce: complex dtypes, pointer probes, and deliberate errors.
+// cannot produce: complex dtypes, pointer probes, deliberate errors, scalars.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
+#include <tvm/ffi/string.h>
+
 #include <complex>
 #include <cstdint>
+#include <string>
 
 namespace {
 
@@ -54,8 +57,26 @@ void RaiseRuntimeError(TensorView x, TensorView y) {
   TVM_FFI_THROW(RuntimeError) << "deliberate runtime failure";
 }
 
+// Scalar arguments and results, for bindings that pass more than tensors.
+int64_t AddInt(int64_t a, int64_t b) { return a + b; }
+double Scale(double x, double k) { return x * k; }
+bool Negate(bool b) { return !b; }
+tvm::ffi::String Greet(tvm::ffi::String name) { return "hello, " + std::string(name); }
+
+// x[i] = value for every element of a float32 tensor: a tensor and a scalar.
+void Fill(TensorView x, double value) {
+  CheckDtype(x, kDLFloat, 32, "float32");
+  auto* data = static_cast<float*>(x.data_ptr());
+  for (int64_t i = 0; i < NumElements(x); ++i) data[i] = static_cast<float>(value);
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_int, AddInt);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, Scale);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(negate, Negate);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(greet, Greet);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(fill, Fill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex64, Conj<float>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex128, Conj<double>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pointer_probe, PointerProbe);

@@ -1,0 +1,168 @@
+// Package tfbridge puts calls of TVM functions into TensorFlow graphs built with
+// the Go TF bindings (github.com/wamuir/graft), as TVMDSOOp nodes.
+//
+// Importing the package registers TVMDSOOp and TvmDsoOp with the process's
+// TensorFlow by linking the kernels into the binary. A Go program must not load
+// the c-shared op library (libtvm_dso_op.so) with tf.LoadLibrary instead: that
+// library carries a second Go runtime, and two Go runtimes in one process are not
+// supported. SavedModels holding TVMDSOOp nodes load with tf.LoadSavedModel once
+// this package is imported.
+package tfbridge
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	tf "github.com/wamuir/graft/tensorflow"
+	"github.com/wamuir/graft/tensorflow/op"
+
+	// The TVMDSOOp kernels, registered by C++ static initialisers at start-up.
+	_ "github.com/tvmdsoop/tvmdsoop/kernels"
+)
+
+// OpType is the TensorFlow op that calls a TVM function.
+const OpType = "TVMDSOOp"
+
+// DynamicDim marks, in Output.Shape, a size given at run time by CallWithDims.
+const DynamicDim = -1
+
+// Module names a TVM library (made by TVM's export_library, or any library that
+// exports TVM-FFI functions). The library is loaded by the op when the graph
+// runs, once per process per path; a bad path is reported then.
+type Module struct {
+	path string
+}
+
+// NewModule names the library at path (made absolute, so graphs do not depend on
+// the working directory).
+func NewModule(path string) (*Module, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
+	}
+	return &Module{path: abs}, nil
+}
+
+// Path is the library's absolute path.
+func (m *Module) Path() string { return m.path }
+
+// Output declares one output of a function.
+type Output struct {
+	// DType is the output's type; zero means the first input's type.
+	DType tf.DataType
+	// Shape is the output's shape; nil means the first input's shape. Sizes of
+	// DynamicDim are given when the graph runs (see Func.CallWithDims); use an
+	// empty, non-nil slice for a scalar.
+	Shape []int64
+}
+
+// Option configures a Func.
+type Option func(*Func) error
+
+// WithOutputs declares the function's outputs, in the order the TVM function
+// takes them after its inputs. Without it a function has one output of the
+// first input's type and shape.
+func WithOutputs(outputs ...Output) Option {
+	return func(f *Func) error {
+		if len(outputs) == 0 {
+			return errors.New("a function needs at least one output")
+		}
+		for i, o := range outputs {
+			for _, d := range o.Shape {
+				if d < DynamicDim {
+					return fmt.Errorf("output %d has size %d in shape %v; sizes are >= 0 or DynamicDim", i, d, o.Shape)
+				}
+			}
+		}
+		f.outputs = outputs
+		return nil
+	}
+}
+
+// WithAlignment sets the least alignment in bytes (a power of two, default 64)
+// of the buffers handed to TVM; misaligned ones are copied through aligned memory.
+func WithAlignment(alignment int64) Option {
+	return func(f *Func) error {
+		if alignment < 1 || alignment&(alignment-1) != 0 {
+			return fmt.Errorf("alignment must be a power of two, got %d", alignment)
+		}
+		f.alignment = alignment
+		return nil
+	}
+}
+
+// Func is a function of a Module that can be added to graphs.
+type Func struct {
+	module    *Module
+	name      string
+	outputs   []Output
+	alignment int64
+}
+
+// Func declares the function name of the module.
+func (m *Module) Func(name string, opts ...Option) (*Func, error) {
+	if name == "" {
+		return nil, errors.New("tfbridge: empty function name")
+	}
+	f := &Func{module: m, name: name, outputs: []Output{{}}, alignment: 64}
+	for _, opt := range opts {
+		if err := opt(f); err != nil {
+			return nil, fmt.Errorf("tfbridge: function %q of %s: %w", name, m.path, err)
+		}
+	}
+	return f, nil
+}
+
+// Call adds a TVMDSOOp calling the function on inputs to the scope's graph and
+// returns its outputs. As with the ops of the op package, a failure is recorded
+// in the scope (s.Err()) and Call returns nil.
+func (f *Func) Call(s *op.Scope, inputs ...tf.Output) []tf.Output {
+	if s.Err() != nil {
+		return nil
+	}
+	return f.CallWithDims(s, op.Const(s.SubScope("output_dims"), []int64{}), inputs...)
+}
+
+// CallWithDims is Call for outputs whose shapes hold DynamicDim sizes: dims is a
+// 1-D int64 tensor with those sizes, in order across the outputs, read at every
+// run.
+func (f *Func) CallWithDims(s *op.Scope, dims tf.Output, inputs ...tf.Output) []tf.Output {
+	if s.Err() != nil {
+		return nil
+	}
+	dtypes := make([]tf.DataType, len(f.outputs))
+	shapes := make([]tf.Shape, len(f.outputs))
+	for i, o := range f.outputs {
+		if (o.DType == 0 || o.Shape == nil) && len(inputs) == 0 {
+			s.UpdateErr(OpType, fmt.Errorf("function %q of %s: output %d takes the first input's type or shape, but there is no input", f.name, f.module.path, i))
+			return nil
+		}
+		dtypes[i] = o.DType
+		if o.DType == 0 {
+			dtypes[i] = inputs[0].DataType()
+		}
+		if o.Shape != nil {
+			shapes[i] = tf.MakeShape(o.Shape...)
+		} // the zero Shape has an unknown rank: the op's "first input's shape"
+	}
+	operation := s.AddOperation(tf.OpSpec{
+		Type:  OpType,
+		Input: []tf.Input{tf.OutputList(inputs), dims},
+		Attrs: map[string]interface{}{
+			"Tout":          dtypes,
+			"output_shapes": shapes,
+			"lib_path":      f.module.path,
+			"func_name":     f.name,
+			"alignment":     f.alignment,
+		},
+	})
+	if operation == nil {
+		return nil
+	}
+	outputs := make([]tf.Output, operation.NumOutputs())
+	for i := range outputs {
+		outputs[i] = operation.Output(i)
+	}
+	return outputs
+}
