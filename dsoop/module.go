@@ -7,17 +7,29 @@ package dsoop
 import "C"
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"unsafe"
 )
 
 // ErrFunctionNotFound means a module has no function of the requested name.
 var ErrFunctionNotFound = errors.New("function not found")
+
+// ErrNotAllowed means a library lies outside the folders of AllowedDirsEnv.
+var ErrNotAllowed = errors.New("library outside the allowed folders")
+
+// AllowedDirsEnv names the environment variable that, when set, lists (separated
+// by ':') the only folders libraries may be loaded from. Loading a library runs
+// its code: this keeps a model from loading one from anywhere else.
+const AllowedDirsEnv = "TVMDSOOP_ALLOWED_DIRS"
 
 // Module is an open TVM module. A library is loaded once per process per path:
 // every Open of the same file shares one loaded module, which is released when
@@ -32,6 +44,7 @@ type Module struct {
 // moduleEntry is one loaded library, shared by the Modules opened on its path.
 type moduleEntry struct {
 	path   string
+	sha256 string // of the file as it was loaded
 	handle C.TVMFFIObjectHandle
 	opens  int // guarded by modulesMu
 }
@@ -46,6 +59,10 @@ func Open(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %q: %w", path, err)
+	}
+	// Checked at every Open, not only the first: the allow-list may have changed.
+	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
+		return nil, err
 	}
 	modulesMu.Lock()
 	defer modulesMu.Unlock()
@@ -64,6 +81,10 @@ func Open(path string) (*Module, error) {
 	if st.IsDir() {
 		return nil, fmt.Errorf("dsoop: library %s is a directory", abs)
 	}
+	digest, err := fileSHA256(abs)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
 	if err := Init(); err != nil {
 		return nil, err
 	}
@@ -74,13 +95,55 @@ func Open(path string) (*Module, error) {
 	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
 		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, takeError(&cerr))
 	}
-	e := &moduleEntry{path: abs, handle: handle, opens: 1}
+	e := &moduleEntry{path: abs, sha256: digest, handle: handle, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
 }
 
 // Path is the absolute path the module was loaded from.
 func (m *Module) Path() string { return m.entry.path }
+
+// SHA256 is the hex SHA-256 of the library file, read just before it was loaded.
+func (m *Module) SHA256() string { return m.entry.sha256 }
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// checkAllowed refuses a library outside the folders of allowed (':'-separated);
+// an empty allowed permits every folder. Symbolic links are resolved first, so a
+// link inside an allowed folder cannot point outside it.
+func checkAllowed(path, allowed string) error {
+	if allowed == "" {
+		return nil
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return fmt.Errorf("dsoop: library %s: %w", path, err)
+	}
+	for _, dir := range filepath.SplitList(allowed) {
+		if dir == "" {
+			continue
+		}
+		realDir, err := filepath.EvalSymlinks(dir)
+		if err != nil {
+			continue // a folder that does not exist allows nothing
+		}
+		if rel, err := filepath.Rel(realDir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("dsoop: %w: %s is not in %s=%s", ErrNotAllowed, real, AllowedDirsEnv, allowed)
+}
 
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
@@ -28,15 +29,20 @@ import (
 const (
 	codeInvalidArgument    = 3
 	codeNotFound           = 5
+	codePermissionDenied   = 7
 	codeFailedPrecondition = 9
 )
 
+// errWrongLibrary refuses a library whose SHA-256 is not the one the model recorded.
+var errWrongLibrary = errors.New("refusing a library that is not the one the model was built with")
+
 // tvmdsoopResolveFunction loads the module at libPath (once per process) and
-// writes a new reference to its function funcName into out. On failure it returns
-// a TensorFlow status code and a malloc'ed message for the caller to free.
+// writes a new reference to its function funcName into out. A non-empty sha256
+// (hex) is the digest the library must have. On failure it returns a TensorFlow
+// status code and a malloc'ed message for the caller to free.
 //
 //export tvmdsoopResolveFunction
-func tvmdsoopResolveFunction(libPath, funcName *C.char, out *C.DsoopFunction, errMsg **C.char) (code C.int) {
+func tvmdsoopResolveFunction(libPath, funcName, sha256 *C.char, out *C.DsoopFunction, errMsg **C.char) (code C.int) {
 	// A Go panic must not unwind into TensorFlow's C++ frames.
 	defer func() {
 		if r := recover(); r != nil {
@@ -44,7 +50,7 @@ func tvmdsoopResolveFunction(libPath, funcName *C.char, out *C.DsoopFunction, er
 			code = codeInvalidArgument
 		}
 	}()
-	err := resolveFunction(C.GoString(libPath), C.GoString(funcName), unsafe.Pointer(out))
+	err := resolveFunction(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), unsafe.Pointer(out))
 	if err == nil {
 		return 0
 	}
@@ -67,10 +73,14 @@ func describe(err error) string {
 
 // resolveFunction never closes the Module it opens: the library then stays loaded
 // for the life of the process, and later kernels share it.
-func resolveFunction(libPath, funcName string, out unsafe.Pointer) error {
+func resolveFunction(libPath, funcName, sha256 string, out unsafe.Pointer) error {
 	module, err := dsoop.Open(libPath)
 	if err != nil {
 		return err
+	}
+	if sha256 != "" && !strings.EqualFold(sha256, module.SHA256()) {
+		return fmt.Errorf("%w: the library at %s has SHA-256 %s, the model expects %s",
+			errWrongLibrary, module.Path(), module.SHA256(), sha256)
 	}
 	fn, err := module.Func(funcName)
 	if err != nil {
@@ -87,6 +97,8 @@ func statusCode(err error) int {
 		return codeNotFound
 	case errors.Is(err, dsoop.ErrRuntimeNotFound):
 		return codeFailedPrecondition
+	case errors.Is(err, errWrongLibrary), errors.Is(err, dsoop.ErrNotAllowed):
+		return codePermissionDenied
 	default:
 		return codeInvalidArgument
 	}

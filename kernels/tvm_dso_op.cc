@@ -1,17 +1,20 @@
 // tvm_dso_op.cc: the TensorFlow side of TVMDSOOp. TF tensors become DLTensors here
 // (without a copy when their buffers are aligned), and the TVM function is called
-// through dsoop.h. The function is resolved once, by Go, when TF constructs the
-// kernel; Compute runs no Go.
+// through dsoop.h. The function is resolved once per kernel and library, by Go;
+// after that Compute runs no Go and takes no lock.
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "dsoop/dsoop.h"
 #include "tensorflow/core/framework/op.h"
@@ -89,38 +92,74 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   return Status();
 }
 
-// What both ops share: resolving the function when TF constructs the kernel, and
-// calling it on the first `num_args` inputs plus outputs of the shapes the op
+// A function resolved from one library.
+struct Resolved {
+  std::string lib_path;
+  DsoopFunction fn;
+};
+
+// What both ops share: resolving the function (Go, once per library path) and
+// calling it on the first `num_in` inputs plus outputs of the shapes the op
 // computed. Subclasses read their own attrs and decide the output shapes.
 class CallKernel : public OpKernel {
  public:
   explicit CallKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_path", &lib_path_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("func_name", &func_name_));
   }
 
-  ~CallKernel() override { dsoop_object_release(func_.handle); }
+  ~CallKernel() override {
+    for (const auto& r : resolved_) dsoop_object_release(r->fn.handle);
+  }
 
   CallKernel(const CallKernel&) = delete;
   CallKernel& operator=(const CallKernel&) = delete;
 
  protected:
-  // Loads the module and resolves the function (Go, once per kernel).
-  void Resolve(OpKernelConstruction* ctx) {
-    char* message = nullptr;
-    const int code = tvmdsoopResolveFunction(const_cast<char*>(lib_path_.c_str()),
-                                             const_cast<char*>(func_name_.c_str()), &func_, &message);
-    if (code != 0) {
-      ctx->CtxFailure(__FILE__, __LINE__,
-                      Status(static_cast<absl::StatusCode>(code),
-                             absl::StrCat(Where(), ": ", message ? message : "unknown error")));
-      std::free(message);
-      func_ = {nullptr, nullptr};
+  // The function in lib_path. The first call for a path loads the library and
+  // resolves the function through Go (checking the library's SHA-256 when
+  // `sha256` is not empty); later calls find it without a lock or Go.
+  Status FunctionFor(absl::string_view lib_path, const std::string& sha256, const Resolved** out) {
+    const Resolved* latest = latest_.load(std::memory_order_acquire);
+    if (latest != nullptr && latest->lib_path == lib_path) {
+      *out = latest;
+      return Status();
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& r : resolved_) {
+      if (r->lib_path == lib_path) {
+        latest_.store(r.get(), std::memory_order_release);
+        *out = r.get();
+        return Status();
+      }
+    }
+    auto r = std::make_unique<Resolved>();
+    r->lib_path = std::string(lib_path);
+    char* message = nullptr;
+    const int code = tvmdsoopResolveFunction(const_cast<char*>(r->lib_path.c_str()),
+                                             const_cast<char*>(func_name_.c_str()),
+                                             const_cast<char*>(sha256.c_str()), &r->fn, &message);
+    if (code != 0) {
+      Status status(static_cast<absl::StatusCode>(code),
+                    absl::StrCat(Where(lib_path), ": ", message ? message : "unknown error"));
+      std::free(message);
+      return status;
+    }
+    // Resolved entries live as long as the kernel: a concurrent Compute may hold one.
+    *out = r.get();
+    latest_.store(r.get(), std::memory_order_release);
+    resolved_.push_back(std::move(r));
+    return Status();
   }
 
-  // Calls the function with inputs [0, num_args) and outputs of out_shapes.
-  void Call(OpKernelContext* ctx, int num_in, absl::Span<const TensorShape> out_shapes) {
+  // Names the call in messages: the function and the library it comes from.
+  std::string Where(absl::string_view lib_path) const {
+    return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
+  }
+
+  // Calls the function with inputs [0, num_in) and outputs of out_shapes.
+  void Call(OpKernelContext* ctx, const Resolved& fn, int num_in,
+            absl::Span<const TensorShape> out_shapes) {
+    const std::string where = Where(fn.lib_path);
     const int num_out = static_cast<int>(out_shapes.size());
     const int num_args = num_in + num_out;
     absl::InlinedVector<DLTensor, 8> tensors(num_args);
@@ -145,7 +184,7 @@ class CallKernel : public OpKernel {
       const Tensor& t = is_input ? ctx->input(i) : *out;
       DLTensor& dl = tensors[i];
       OP_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
-                  errors::InvalidArgument(Where(), ": ", ArgName(i, num_in), " has dtype ",
+                  errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
                                           tensorflow::DataTypeString(t.dtype()),
                                           ", which DLPack cannot describe"));
       char* data = const_cast<char*>(t.tensor_data().data());
@@ -174,9 +213,9 @@ class CallKernel : public OpKernel {
     }
 
     DsoopError err = {nullptr, nullptr};
-    if (dsoop_function_call(&func_, args.data(), num_args, &err) != 0) {
+    if (dsoop_function_call(&fn.fn, args.data(), num_args, &err) != 0) {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
-                            absl::StrCat(Where(), " failed: ", err.kind ? err.kind : "Error", ": ",
+                            absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
                                          err.message ? err.message : "", "\n  TVMDSOOp passed ",
                                          DescribeArgs(tensors, num_in))));
       dsoop_error_clear(&err);
@@ -185,11 +224,6 @@ class CallKernel : public OpKernel {
     for (const auto& [out, buffer] : copy_back) {
       std::memcpy(const_cast<char*>(out->tensor_data().data()), buffer, out->TotalBytes());
     }
-  }
-
-  // Names the call in messages: the function and the library it comes from.
-  std::string Where() const {
-    return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path_);
   }
 
   int64_t alignment_ = 64;
@@ -216,35 +250,47 @@ class CallKernel : public OpKernel {
     return i < num_in ? absl::StrCat("input ", i) : absl::StrCat("output ", i - num_in);
   }
 
-  std::string lib_path_;
   std::string func_name_;
-  DsoopFunction func_ = {nullptr, nullptr};
+  std::mutex mu_;  // guards resolving and resolved_
+  std::vector<std::unique_ptr<Resolved>> resolved_;
+  std::atomic<const Resolved*> latest_{nullptr};
 };
 
-// TVMDSOOp: inputs `args`, then `output_dims`, the values of the output dimensions
-// that were not known when the graph was built (-1 in `output_shapes`), in order.
+// TVMDSOOp: inputs `args`; `output_dims`, the values of the output dimensions
+// that were not known when the graph was built (-1 in `output_shapes`), in order;
+// and `library`, the library's path (a tensor, so that a SavedModel asset can
+// give it).
 class TVMDSOOpKernel : public CallKernel {
  public:
   explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_sha256", &lib_sha256_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
     OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
-                errors::InvalidArgument(Where(), ": alignment must be a power of two, got ",
+                errors::InvalidArgument(name(), ": alignment must be a power of two, got ",
                                         alignment_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
     OP_REQUIRES(ctx, static_cast<int>(output_shapes_.size()) == num_outputs(),
-                errors::InvalidArgument(Where(), ": ", output_shapes_.size(),
+                errors::InvalidArgument(name(), ": ", output_shapes_.size(),
                                         " output shapes for ", num_outputs(), " output dtypes"));
     for (const PartialTensorShape& s : output_shapes_) {
       for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
     }
-    Resolve(ctx);
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int num_in = ctx->num_inputs() - 1;  // the last input is output_dims
+    const int num_in = ctx->num_inputs() - 2;  // then output_dims and library
+    const Tensor& library = ctx->input(num_in + 1);
+    OP_REQUIRES(ctx, library.dims() == 0,
+                errors::InvalidArgument(name(), ": library must be a scalar string, got shape ",
+                                        library.shape().DebugString()));
+    const tensorflow::tstring& lib_path = library.scalar<tensorflow::tstring>()();
+    const Resolved* fn = nullptr;
+    OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
+                                    lib_sha256_, &fn));
+    const std::string where = Where(fn->lib_path);
     const Tensor& dims = ctx->input(num_in);
     OP_REQUIRES(ctx, dims.dims() == 1 && dims.NumElements() == num_dynamic_dims_,
-                errors::InvalidArgument(Where(), ": output_dims holds ", dims.NumElements(),
+                errors::InvalidArgument(where, ": output_dims holds ", dims.NumElements(),
                                         " values for ", num_dynamic_dims_,
                                         " dynamic output dimensions"));
     auto dim_values = dims.flat<int64_t>();
@@ -254,7 +300,7 @@ class TVMDSOOpKernel : public CallKernel {
       const PartialTensorShape& declared = output_shapes_[i];
       if (declared.unknown_rank()) {
         OP_REQUIRES(ctx, num_in > 0,
-                    errors::InvalidArgument(Where(), ": output ", i,
+                    errors::InvalidArgument(where, ": output ", i,
                                             " takes the first input's shape, but there is no input"));
         shapes[i] = ctx->input(0).shape();
         continue;
@@ -263,15 +309,16 @@ class TVMDSOOpKernel : public CallKernel {
         int64_t size = declared.dim_size(d);
         if (size < 0) size = dim_values(next_dynamic++);
         OP_REQUIRES(ctx, size >= 0,
-                    errors::InvalidArgument(Where(), ": output ", i, " dimension ", d, " is ", size,
+                    errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
                                             "; sizes must be >= 0"));
         OP_REQUIRES_OK(ctx, shapes[i].AddDimWithStatus(size));
       }
     }
-    Call(ctx, num_in, shapes);
+    Call(ctx, *fn, num_in, shapes);
   }
 
  private:
+  std::string lib_sha256_;
   std::vector<PartialTensorShape> output_shapes_;
   int64_t num_dynamic_dims_ = 0;
 };
@@ -282,15 +329,17 @@ class TVMDSOOpKernel : public CallKernel {
 class LegacyTvmDsoOpKernel : public CallKernel {
  public:
   explicit LegacyTvmDsoOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
+    std::string lib_path;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_path", &lib_path));
+    OP_REQUIRES_OK(ctx, FunctionFor(lib_path, "", &fn_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("has_static_output_shape", &has_static_output_shape_));
     std::vector<int64_t> dims;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("static_output_shape", &dims));
     for (int64_t d : dims) {
       OP_REQUIRES(ctx, d >= 0,
-                  errors::InvalidArgument(Where(), ": static_output_shape has size ", d));
+                  errors::InvalidArgument(Where(lib_path), ": static_output_shape has size ", d));
       static_output_shape_.AddDim(d);
     }
-    Resolve(ctx);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -302,18 +351,20 @@ class LegacyTvmDsoOpKernel : public CallKernel {
     } else if (dynamic.dims() == 1) {
       for (int64_t d : absl::MakeConstSpan(dynamic.flat<int64_t>().data(), dynamic.NumElements())) {
         OP_REQUIRES(ctx, d >= 0,
-                    errors::InvalidArgument(Where(), ": dynamic_output_shape has size ", d));
+                    errors::InvalidArgument(Where(fn_->lib_path), ": dynamic_output_shape has size ", d));
         OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(d));
       }
     } else {
       OP_REQUIRES(ctx, num_in > 0,
-                  errors::InvalidArgument(Where(), ": no output shape and no input to take it from"));
+                  errors::InvalidArgument(Where(fn_->lib_path),
+                                          ": no output shape and no input to take it from"));
       shape = ctx->input(0).shape();
     }
-    Call(ctx, num_in, {shape});
+    Call(ctx, *fn_, num_in, {shape});
   }
 
  private:
+  const Resolved* fn_ = nullptr;  // resolved at construction from the lib_path attr
   bool has_static_output_shape_ = false;
   TensorShape static_output_shape_;
 };
@@ -325,9 +376,10 @@ Status TVMDSOOpShape(InferenceContext* c) {
     return errors::InvalidArgument("TVMDSOOp: ", shapes.size(), " output shapes for ",
                                    c->num_outputs(), " output dtypes");
   }
-  const int num_in = c->num_inputs() - 1;
-  ShapeHandle dims_shape;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &dims_shape));
+  const int num_in = c->num_inputs() - 2;
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in + 1), 0, &unused));
   // When output_dims is a constant its values are known now, not just the ranks.
   const Tensor* dim_values = c->input_tensor(num_in);
   int next_dynamic = 0;
@@ -384,18 +436,22 @@ Status LegacyTvmDsoOpShape(InferenceContext* c) {
 REGISTER_OP("TVMDSOOp")
     .Input("args: Tin")
     .Input("output_dims: int64")
+    .Input("library: string")
     .Output("outputs: Tout")
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 1")
-    .Attr("lib_path: string")
     .Attr("func_name: string")
+    .Attr("lib_sha256: string = ''")
     .Attr("output_shapes: list(shape)")
     .Attr("alignment: int = 64")
     .SetShapeFn(TVMDSOOpShape)
     .Doc(R"doc(
-Calls function `func_name` of the TVM module at `lib_path` with the inputs, then
-the outputs, as DLTensors (TVM's destination-passing convention).
+Calls function `func_name` of the TVM module at path `library` with the inputs,
+then the outputs, as DLTensors (TVM's destination-passing convention).
 
+library: the library's path, a scalar; a tensor so that SavedModels can carry the
+  library as an asset and find it wherever they are loaded.
+lib_sha256: the SHA-256 (hex) the library must have; empty for no check.
 output_dims: the sizes of the output dimensions given as -1 in `output_shapes`, in
   order (empty when every shape is static).
 output_shapes: one per output; an unknown rank means the first input's shape.

@@ -10,8 +10,11 @@
 package tfbridge
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -31,21 +34,32 @@ const DynamicDim = -1
 // exports TVM-FFI functions). The library is loaded by the op when the graph
 // runs, once per process per path; a bad path is reported then.
 type Module struct {
-	path string
+	path   string
+	sha256 string
 }
 
 // NewModule names the library at path (made absolute, so graphs do not depend on
-// the working directory).
+// the working directory). The graph records the file's SHA-256, and the op
+// refuses a library with another one; a file that does not exist yet records
+// none.
 func NewModule(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
-	return &Module{path: abs}, nil
+	m := &Module{path: abs}
+	if data, err := os.ReadFile(abs); err == nil {
+		digest := sha256.Sum256(data)
+		m.sha256 = hex.EncodeToString(digest[:])
+	}
+	return m, nil
 }
 
 // Path is the library's absolute path.
 func (m *Module) Path() string { return m.path }
+
+// SHA256 is the digest the graph will require of the library ("" for none).
+func (m *Module) SHA256() string { return m.sha256 }
 
 // Output declares one output of a function.
 type Output struct {
@@ -146,14 +160,15 @@ func (f *Func) CallWithDims(s *op.Scope, dims tf.Output, inputs ...tf.Output) []
 			shapes[i] = tf.MakeShape(o.Shape...)
 		} // the zero Shape has an unknown rank: the op's "first input's shape"
 	}
+	library := op.Const(s.SubScope("library"), f.module.path)
 	operation := s.AddOperation(tf.OpSpec{
 		Type:  OpType,
-		Input: []tf.Input{tf.OutputList(inputs), dims},
+		Input: []tf.Input{tf.OutputList(inputs), dims, library},
 		Attrs: map[string]interface{}{
 			"Tout":          dtypes,
 			"output_shapes": shapes,
-			"lib_path":      f.module.path,
 			"func_name":     f.name,
+			"lib_sha256":    f.module.sha256,
 			"alignment":     f.alignment,
 		},
 	})

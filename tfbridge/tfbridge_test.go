@@ -222,13 +222,20 @@ func TestErrors(t *testing.T) {
 	})
 }
 
+// TestSavedModelExportedFromPython moves the SavedModel and deletes the library
+// it was built from: the model carries the library as an asset.
 func TestSavedModelExportedFromPython(t *testing.T) {
 	var expected struct{ X, Y, Z []float32 }
 	raw, err := os.ReadFile(filepath.Join(savedModelDir, "expected.json"))
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(raw, &expected))
 
-	model, err := tf.LoadSavedModel(filepath.Join(savedModelDir, "model"), []string{"serve"}, nil)
+	moved := filepath.Join(t.TempDir(), "moved")
+	require.NoError(t, os.CopyFS(moved, os.DirFS(filepath.Join(savedModelDir, "model"))))
+	require.NoError(t, os.RemoveAll(filepath.Join(savedModelDir, "lib")))
+	t.Chdir(t.TempDir())
+
+	model, err := tf.LoadSavedModel(moved, []string{"serve"}, nil)
 	require.NoError(t, err)
 	defer model.Session.Close()
 	signature := model.Signatures["serving_default"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import numbers
 import os
 from collections.abc import Sequence
@@ -22,17 +24,44 @@ ShapeLike = Union[Sequence[Union[int, tf.Tensor, tf.Variable]], tf.TensorShape, 
 DTypeLike = Union[tf.DType, str, np.dtype, None]
 
 
-class Module:
+class Module(tf.Module):
     """A TVM module: a library made by TVM's ``export_library``, or any library
     exporting TVM-FFI functions.
 
     The library is loaded by the op, once per process per path, when a function of
     it first runs; a missing or bad library is reported then, as a
     ``tf.errors.OpError`` naming the path.
+
+    A Module is trackable: kept on a ``tf.Module`` or Keras layer (directly or
+    through a function made from it), its library is saved into SavedModels as an
+    asset, and loaded models find it in their own ``assets/`` folder wherever they
+    are copied. The library's SHA-256 is recorded in the graph, and the op refuses
+    a file with another one.
+
+    Args:
+      lib_path: the library's path.
+      sha256: the SHA-256 (hex) the library must have; by default, that of the
+        file now at lib_path. Pass ``""`` for no check.
     """
 
-    def __init__(self, lib_path: str | os.PathLike[str]) -> None:
+    def __init__(self, lib_path: str | os.PathLike[str], sha256: str | None = None) -> None:
+        super().__init__()
         self.lib_path = os.path.abspath(os.fspath(lib_path))
+        if sha256 is None:
+            sha256 = _file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else ""
+        self.sha256 = sha256.lower()
+        # An Asset, so that SavedModels copy the library and point the op at the copy.
+        self._library = tf.saved_model.Asset(self.lib_path)
+
+    @property
+    def library_path(self) -> tf.Tensor:
+        """The library's path as a tensor: the copy in a loaded SavedModel.
+
+        TF1 graphs (no eager context, no function being traced) cannot capture
+        the asset's eager tensor; they get the path as a constant."""
+        if tf.executing_eagerly() or tf.compat.v1.get_default_graph().building_function:
+            return self._library.asset_path
+        return tf.constant(self.lib_path)
 
     def func(
         self,
@@ -76,10 +105,20 @@ class Module:
 OpModule = Module
 
 
-class Func:
+@dataclasses.dataclass(frozen=True)
+class _Outputs:
+    """A function's output declarations, kept apart from tf.Module's tracking."""
+
+    shapes: tuple[ShapeLike, ...]
+    dtypes: tuple[tf.DType | None, ...]
+
+
+class Func(tf.Module):
     """A function of a TVM module. Calling it with tensors adds a TVMDSOOp that
     passes them, then the outputs TensorFlow allocates, to the TVM function, and
-    returns the output (or, when made with output_shapes/output_dtypes, a tuple)."""
+    returns the output (or, when made with output_shapes/output_dtypes, a tuple).
+
+    Trackable, like its Module: saved with the object that holds it."""
 
     def __init__(
         self,
@@ -93,8 +132,9 @@ class Func:
         output_dtypes: Sequence[DTypeLike] | None = None,
         device: str | None = None,
     ) -> None:
+        super().__init__()
         self.module = module
-        self.name = name
+        self.func_name = name
         if not isinstance(name, str) or not name:
             raise ValueError(f"tf_op: function name must be a non-empty string, got {name!r}")
         if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
@@ -116,10 +156,19 @@ class Func:
             shapes, dtypes = [output_shape], [output_dtype]
         for i, shape in enumerate(shapes):
             _check_shape(shape, f"tf_op: {self}: output {i} shape")
-        self.output_shapes = shapes
-        self.output_dtypes = [None if d is None else tf.as_dtype(d) for d in dtypes]
+        self._outputs = _Outputs(tuple(shapes), tuple(None if d is None else tf.as_dtype(d) for d in dtypes))
+        # Variables giving sizes are tracked, so that they are saved with the function.
+        self._shape_variables = [v for v in _flatten(shapes) if isinstance(v, tf.Variable)]
         self.alignment = alignment
         self.device = device
+
+    @property
+    def output_shapes(self) -> list[ShapeLike]:
+        return list(self._outputs.shapes)
+
+    @property
+    def output_dtypes(self) -> list[tf.DType | None]:
+        return list(self._outputs.dtypes)
 
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
@@ -140,16 +189,35 @@ class Func:
             outputs = _library.load().tvmdso_op(
                 args=inputs,
                 output_dims=output_dims,
+                library=self.module.library_path,
                 Tout=dtypes,
                 output_shapes=shapes,
-                lib_path=self.module.lib_path,
-                func_name=self.name,
+                func_name=self.func_name,
+                lib_sha256=self.module.sha256,
                 alignment=self.alignment,
             )
         return tuple(outputs) if self.multiple_outputs else outputs[0]
 
     def __repr__(self) -> str:
-        return f"function {self.name!r} of {self.module.lib_path}"
+        return f"function {self.func_name!r} of {self.module.lib_path}"
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _flatten(shapes: Sequence[ShapeLike]) -> list[Any]:
+    flat: list[Any] = []
+    for shape in shapes:
+        if isinstance(shape, (list, tuple)):
+            flat.extend(shape)
+        else:
+            flat.append(shape)
+    return flat
 
 
 def _is_tensor(value: Any) -> bool:

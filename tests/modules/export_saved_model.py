@@ -2,15 +2,18 @@
 
     python export_saved_model.py TESTFUNCS_SO OUT_DIR
 
-Writes the SavedModel to OUT_DIR/model and, to OUT_DIR/expected.json, the input
-it was checked with and the outputs Python computed, for other runtimes (the Go
-tests) to compare with.
+Copies the library to OUT_DIR/lib/ and builds the model on that copy, so that
+callers can delete it to prove the SavedModel carries its own. Writes the
+SavedModel to OUT_DIR/model and, to OUT_DIR/expected.json, the input it was
+checked with and the outputs Python computed, for other runtimes (the Go tests,
+the static-link program) to compare with.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,6 +25,9 @@ import tf_op  # noqa: E402
 
 
 class Model(tf.Module):
+    """Holds its TVM functions as plain attributes: that is all it takes for the
+    library to travel with the SavedModel."""
+
     def __init__(self, lib_path: str) -> None:
         super().__init__()
         mod = tf_op.Module(lib_path)
@@ -37,7 +43,10 @@ class Model(tf.Module):
 
 def main(lib_path: str, out_dir: str) -> None:
     out = Path(out_dir)
-    model = Model(lib_path)
+    (out / "lib").mkdir(parents=True, exist_ok=True)
+    private_lib = out / "lib" / Path(lib_path).name
+    shutil.copy(lib_path, private_lib)
+    model = Model(str(private_lib))
     tf.saved_model.save(model, str(out / "model"), signatures={"serving_default": model.serve})
     x = [1.0, 2.0, 3.0, 4.0]
     result = model.serve(tf.constant(x))

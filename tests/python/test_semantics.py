@@ -278,7 +278,7 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
         "negative output size": lambda: mod.func("add_one", output_shape=[tf.constant(-1)])(x),
         "bad alignment at the op": lambda: tf_op.ops().tvmdso_op(
             args=[x], output_dims=tf.zeros([0], tf.int64), Tout=[tf.float32],
-            output_shapes=[tf.TensorShape(None)], lib_path=testlib, func_name="add_one", alignment=3,
+            output_shapes=[tf.TensorShape(None)], library=testlib, func_name="add_one", alignment=3,
         ),
         "function raises ValueError": lambda: ffi.func("raise_value_error")(x),
         "function raises RuntimeError": lambda: ffi.func("raise_runtime_error")(x),

@@ -167,7 +167,7 @@ def test_bad_alignment_reaching_the_op(mod: tf_op.Module) -> None:
             output_dims=tf.zeros([0], tf.int64),
             Tout=[tf.float32],
             output_shapes=[tf.TensorShape(None)],
-            lib_path=mod.lib_path,
+            library=mod.lib_path,
             func_name="add_one",
             alignment=12,
         )
