@@ -1,0 +1,153 @@
+"""Deployment: self-contained, relocatable SavedModels, libraries that cannot be
+swapped, the allow-list, and the static archive that TensorFlow Serving links.
+
+Every load runs in a fresh process, as a server would, so nothing the test
+process loaded can help it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tensorflow.core.protobuf import saved_model_pb2
+
+from tf_op._library import tvm_library_path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPORT_SCRIPT = ROOT / "tests" / "modules" / "export_saved_model.py"
+STATIC_PROGRAM = ROOT / "build" / "run_saved_model"
+
+LOAD_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    import tf_op
+
+    model = tf.saved_model.load(sys.argv[1])
+    x = tf.constant(json.loads(sys.argv[2]), tf.float32)
+    direct = model.serve(x)
+    signature = model.signatures["serving_default"](x=x)
+    print(json.dumps({
+        "y": direct["y"].numpy().tolist(), "z": direct["z"].numpy().tolist(),
+        "sig_y": signature["y"].numpy().tolist(), "sig_z": signature["z"].numpy().tolist(),
+    }))
+    """
+)
+
+
+def run_python(script: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})},
+    )
+
+
+def export_expected(tmp_path: Path, testlib: str) -> tuple[Path, dict]:
+    """A SavedModel exported in a fresh process from a private copy of the
+    library, then moved, with the original model and that copy deleted. Returns
+    the moved model and the numbers Python computed before saving."""
+    work = tmp_path / "export"
+    subprocess.run([sys.executable, str(EXPORT_SCRIPT), testlib, str(work)], check=True, timeout=300)
+    expected = json.loads((work / "expected.json").read_text())
+    moved = tmp_path / "elsewhere" / "model"
+    shutil.copytree(work / "model", moved)
+    shutil.rmtree(work)
+    return moved, expected
+
+
+def test_relocated_savedmodel_runs_without_the_original_library(tmp_path: Path, testlib: str) -> None:
+    model, expected = export_expected(tmp_path, testlib)
+    assert list((model / "assets").iterdir()), "the library travels as an asset"
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    done = run_python(LOAD_SCRIPT, str(model), json.dumps(expected["x"]), cwd=elsewhere)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["y"] == expected["y"] and got["sig_y"] == expected["y"]
+    assert got["z"] == expected["z"] and got["sig_z"] == expected["z"]
+
+
+def test_tampered_library_is_refused(tmp_path: Path, testlib: str, ffilib: str) -> None:
+    model, expected = export_expected(tmp_path, testlib)
+    (asset,) = (model / "assets").iterdir()
+    shutil.copy(ffilib, asset)  # another library under the same name
+    done = run_python(LOAD_SCRIPT, str(model), json.dumps(expected["x"]))
+    assert done.returncode != 0
+    assert "PermissionDeniedError" in done.stderr
+    assert str(asset) in done.stderr
+
+    def digest(path: str) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    assert digest(ffilib) in done.stderr and digest(testlib) in done.stderr
+
+
+ALLOW_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    import tf_op
+
+    try:
+        y = tf_op.Module(sys.argv[1]).func("add_one")(tf.constant([1.0]))
+        print("ran", y.numpy().tolist())
+    except tf.errors.PermissionDeniedError as e:
+        print("refused", e.message)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "outcome"),
+    [("{libdir}", "ran [2.0]"), ("{other}:{libdir}", "ran [2.0]"), ("{other}", "refused"), ("{libdir}/sub", "refused")],
+)
+def test_allow_list(tmp_path: Path, testlib: str, allowed: str, outcome: str) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    value = allowed.format(libdir=Path(testlib).parent, other=other)
+    done = run_python(ALLOW_SCRIPT, testlib, env={"TVMDSOOP_ALLOWED_DIRS": value})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith(outcome)
+    if outcome == "refused":
+        assert "TVMDSOOP_ALLOWED_DIRS" in line and "testfuncs.so" in line
+
+
+def test_allow_list_sees_through_symlinks(tmp_path: Path, testlib: str) -> None:
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "link.so").symlink_to(testlib)  # points outside the allowed folder
+    done = run_python(ALLOW_SCRIPT, str(allowed / "link.so"), env={"TVMDSOOP_ALLOWED_DIRS": str(allowed)})
+    assert done.stdout.strip().splitlines()[-1].startswith("refused"), done.stderr[-2000:]
+
+
+def signature_tensor_names(model: Path) -> tuple[str, list[str]]:
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((model / "saved_model.pb").read_bytes())
+    signature = saved.meta_graphs[0].signature_def["serving_default"]
+    return signature.inputs["x"].name, [signature.outputs[k].name for k in ("y", "z")]
+
+
+def test_static_archive_runs_the_savedmodel(tmp_path: Path, testlib: str) -> None:
+    """The C++ program links libtvm_dso_op.a (no dlopen of the op library) and
+    runs the relocated SavedModel through TF's C API."""
+    assert STATIC_PROGRAM.is_file(), "make build makes build/run_saved_model"
+    model, expected = export_expected(tmp_path, testlib)
+    input_name, output_names = signature_tensor_names(model)
+    done = subprocess.run(
+        [str(STATIC_PROGRAM), str(model), input_name, *output_names, "--", *map(str, expected["x"])],
+        capture_output=True, text=True, timeout=300,
+        # A server names the TVM runtime's folders itself; Python's tf_op is not there.
+        env={**os.environ, "TVM_LIBRARY_PATH": tvm_library_path(), "TVMDSOOP_LIBRARY": "/nonexistent/not-loaded.so"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "linked in" in done.stderr
+    y, z = ([float(v) for v in line.split()] for line in done.stdout.strip().splitlines())
+    assert y == expected["y"] and z == expected["z"]
