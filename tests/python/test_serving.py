@@ -151,3 +151,49 @@ def test_static_archive_runs_the_savedmodel(tmp_path: Path, testlib: str) -> Non
     assert "linked in" in done.stderr
     y, z = ([float(v) for v in line.split()] for line in done.stdout.strip().splitlines())
     assert y == expected["y"] and z == expected["z"]
+
+
+KERAS_EXPORT_SCRIPT = textwrap.dedent(
+    """
+    import shutil, sys
+    import keras
+    import tensorflow as tf
+    import tf_op
+
+    lib = shutil.copy(sys.argv[1], sys.argv[2])  # a private copy, deleted after export
+
+    class AddOne(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fn = tf_op.Module(lib).func("matrix_add_one")
+
+        def call(self, x):
+            return self.fn(x)
+
+    inputs = keras.Input(shape=(4,))
+    model = keras.Model(inputs, AddOne()(inputs) * 2.0)
+
+    class Serving(tf.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def serve(self, x):
+            return self.model(x)
+
+    tf.saved_model.save(Serving(model), sys.argv[3])
+    """
+)
+
+
+def test_keras_layer_carries_its_library(tmp_path: Path, testlib: str) -> None:
+    private = tmp_path / "private.so"
+    done = run_python(KERAS_EXPORT_SCRIPT, testlib, str(private), str(tmp_path / "model"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    private.unlink()
+    shutil.move(tmp_path / "model", tmp_path / "moved")
+    load = "import sys, tensorflow as tf, tf_op; print(tf.saved_model.load(sys.argv[1]).serve(tf.ones([2, 4])).numpy().tolist())"
+    done = run_python(load, str(tmp_path / "moved"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str([[4.0] * 4] * 2)
