@@ -2,7 +2,9 @@ package dsoop_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -40,4 +42,51 @@ func BenchmarkDirectC(b *testing.B) {
 
 func TestDirectCallBaselineWorks(t *testing.T) {
 	require.NoError(t, directcall.Loop(openFunc(t, "add_one"), 16, 3))
+}
+
+// BenchmarkCallOverhead times Func.Call from Go against the same call from a C
+// loop, interleaved in rounds on a 1-element add-one, and reports each one's
+// median time per call and their median per-round difference: the Go binding's
+// cost per call.
+func BenchmarkCallOverhead(b *testing.B) {
+	f := openFuncB(b, "add_one")
+	x, y := mustTensor(b, []float32{1}), mustTensor(b, make([]float32, 1))
+	const perRound = 20000
+	goCalls := func() time.Duration {
+		start := time.Now()
+		for range perRound {
+			if err := f.Call(x, y); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	cCalls := func() time.Duration {
+		start := time.Now()
+		require.NoError(b, directcall.Loop(f, 1, perRound))
+		return time.Since(start)
+	}
+	goCalls()
+	cCalls()
+	var goNs, cNs, diffNs []float64
+	for round := 0; round < max(b.N, 7); round++ {
+		var g, c time.Duration
+		if round%2 == 0 {
+			g, c = goCalls(), cCalls()
+		} else {
+			c, g = cCalls(), goCalls()
+		}
+		goNs = append(goNs, float64(g.Nanoseconds())/perRound)
+		cNs = append(cNs, float64(c.Nanoseconds())/perRound)
+		diffNs = append(diffNs, float64((g-c).Nanoseconds())/perRound)
+	}
+	b.ReportMetric(median(goNs), "go-ns/call")
+	b.ReportMetric(median(cNs), "c-ns/call")
+	b.ReportMetric(median(diffNs), "overhead-ns/call")
+}
+
+func median(values []float64) float64 {
+	sorted := slices.Clone(values)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }

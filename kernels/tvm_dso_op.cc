@@ -95,6 +95,7 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
 // A function resolved from one library.
 struct Resolved {
   std::string lib_path;
+  std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
   DsoopFunction fn;
 };
 
@@ -134,6 +135,7 @@ class CallKernel : public OpKernel {
     }
     auto r = std::make_unique<Resolved>();
     r->lib_path = std::string(lib_path);
+    r->where = Where(lib_path);
     char* message = nullptr;
     const int code = tvmdsoopResolveFunction(const_cast<char*>(r->lib_path.c_str()),
                                              const_cast<char*>(func_name_.c_str()),
@@ -159,7 +161,7 @@ class CallKernel : public OpKernel {
   // Calls the function with inputs [0, num_in) and outputs of out_shapes.
   void Call(OpKernelContext* ctx, const Resolved& fn, int num_in,
             absl::Span<const TensorShape> out_shapes) {
-    const std::string where = Where(fn.lib_path);
+    const std::string& where = fn.where;
     const int num_out = static_cast<int>(out_shapes.size());
     const int num_args = num_in + num_out;
     absl::InlinedVector<DLTensor, 8> tensors(num_args);
@@ -287,7 +289,7 @@ class TVMDSOOpKernel : public CallKernel {
     const Resolved* fn = nullptr;
     OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
                                     lib_sha256_, &fn));
-    const std::string where = Where(fn->lib_path);
+    const std::string& where = fn->where;
     const Tensor& dims = ctx->input(num_in);
     OP_REQUIRES(ctx, dims.dims() == 1 && dims.NumElements() == num_dynamic_dims_,
                 errors::InvalidArgument(where, ": output_dims holds ", dims.NumElements(),
@@ -351,12 +353,12 @@ class LegacyTvmDsoOpKernel : public CallKernel {
     } else if (dynamic.dims() == 1) {
       for (int64_t d : absl::MakeConstSpan(dynamic.flat<int64_t>().data(), dynamic.NumElements())) {
         OP_REQUIRES(ctx, d >= 0,
-                    errors::InvalidArgument(Where(fn_->lib_path), ": dynamic_output_shape has size ", d));
+                    errors::InvalidArgument(fn_->where, ": dynamic_output_shape has size ", d));
         OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(d));
       }
     } else {
       OP_REQUIRES(ctx, num_in > 0,
-                  errors::InvalidArgument(Where(fn_->lib_path),
+                  errors::InvalidArgument(fn_->where,
                                           ": no output shape and no input to take it from"));
       shape = ctx->input(0).shape();
     }

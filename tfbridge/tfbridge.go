@@ -130,20 +130,27 @@ func (m *Module) Func(name string, opts ...Option) (*Func, error) {
 
 // Call adds a TVMDSOOp calling the function on inputs to the scope's graph and
 // returns its outputs. As with the ops of the op package, a failure is recorded
-// in the scope (s.Err()) and Call returns nil.
+// in the scope (s.Err()) and Call returns nil. Each call adds its nodes under a
+// sub-scope named after the function, so a graph may call a function many times.
 func (f *Func) Call(s *op.Scope, inputs ...tf.Output) []tf.Output {
-	if s.Err() != nil {
-		return nil
-	}
-	return f.CallWithDims(s, op.Const(s.SubScope("output_dims"), []int64{}), inputs...)
+	return f.call(s, nil, inputs)
 }
 
 // CallWithDims is Call for outputs whose shapes hold DynamicDim sizes: dims is a
 // 1-D int64 tensor with those sizes, in order across the outputs, read at every
 // run.
 func (f *Func) CallWithDims(s *op.Scope, dims tf.Output, inputs ...tf.Output) []tf.Output {
+	return f.call(s, &dims, inputs)
+}
+
+func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Output {
 	if s.Err() != nil {
 		return nil
+	}
+	s = s.SubScope(f.name)
+	if dims == nil {
+		noDims := op.Const(s.SubScope("output_dims"), []int64{})
+		dims = &noDims
 	}
 	dtypes := make([]tf.DataType, len(f.outputs))
 	shapes := make([]tf.Shape, len(f.outputs))
@@ -163,7 +170,7 @@ func (f *Func) CallWithDims(s *op.Scope, dims tf.Output, inputs ...tf.Output) []
 	library := op.Const(s.SubScope("library"), f.module.path)
 	operation := s.AddOperation(tf.OpSpec{
 		Type:  OpType,
-		Input: []tf.Input{tf.OutputList(inputs), dims, library},
+		Input: []tf.Input{tf.OutputList(inputs), *dims, library},
 		Attrs: map[string]interface{}{
 			"Tout":          dtypes,
 			"output_shapes": shapes,

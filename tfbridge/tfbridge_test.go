@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func mustFunc(t *testing.T, name string, opts ...tfbridge.Option) *tfbridge.Func {
+func mustFunc(t testing.TB, name string, opts ...tfbridge.Option) *tfbridge.Func {
 	t.Helper()
 	m, err := tfbridge.NewModule(testLib)
 	require.NoError(t, err)

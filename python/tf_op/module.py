@@ -185,7 +185,7 @@ class Func(tf.Module):
                 static, dynamic = _shape_attr(shape, f"tf_op: {self}: output {i} shape")
                 shapes.append(static)
                 dims.extend(dynamic)
-            output_dims = tf.concat(dims, axis=0) if dims else tf.zeros([0], tf.int64)
+            output_dims = tf.concat(dims, axis=0) if dims else _no_dims()
             outputs = _library.load().tvmdso_op(
                 args=inputs,
                 output_dims=output_dims,
@@ -200,6 +200,24 @@ class Func(tf.Module):
 
     def __repr__(self) -> str:
         return f"function {self.func_name!r} of {self.module.lib_path}"
+
+
+_NO_DIMS: tf.Tensor | None = None
+
+
+def _no_dims() -> tf.Tensor:
+    """The empty output_dims of functions whose output shapes are all static.
+
+    Made once (creating it was most of the Python wrapper's per-call cost), then
+    shared by eager calls and captured by traced functions; TF1 graphs, which
+    cannot capture eager tensors, get their own constant."""
+    global _NO_DIMS
+    if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
+        return tf.zeros([0], tf.int64)
+    if _NO_DIMS is None:
+        with tf.init_scope():
+            _NO_DIMS = tf.zeros([0], tf.int64)
+    return _NO_DIMS
 
 
 def _file_sha256(path: str) -> str:

@@ -1,0 +1,272 @@
+"""Runs one comparison in this process and writes its figures as flat JSON.
+
+    python bench/compare.py {overhead,overhead_grappler,py_function,large} LIB OUT.json [--rounds N]
+
+bench/run.py starts one process per comparison, so that contenders compared with
+each other share a process (and are timed interleaved, see timing.py) and no
+comparison inherits another's allocator or cache state. TVM's compiler is never
+imported here: the TVM function is called through the tvm_ffi runtime only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+from common import CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, PY_FUNCTION_SIZE, aligned_empty, quiet_tensorflow
+
+quiet_tensorflow()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tvm_ffi  # noqa: E402
+
+import tf_op  # noqa: E402
+from timing import Timings, interleave  # noqa: E402
+
+Results = dict[str, float | int | str]
+UnaryOp = Callable[[tf.Tensor], tf.Tensor]
+
+#: Grappler rewrites that fold a chain of tf.add(x, 1.0) into one op: with them on,
+#: "50 tf.adds" runs as one Add, and the comparison no longer compares ops.
+NO_FOLDING = {"arithmetic_optimization": False, "constant_folding": False}
+
+
+def graph_function(fn: UnaryOp, signature: list[tf.TensorSpec]) -> UnaryOp:
+    """``tf.function(fn)`` with a fixed signature (typed: tf.function is not)."""
+    return cast(UnaryOp, tf.function(fn, input_signature=signature))
+
+
+def chain(op: UnaryOp, length: int, signature: list[tf.TensorSpec]) -> UnaryOp:
+    """A tf.function applying ``op`` ``length`` times in sequence."""
+
+    def applied(x: tf.Tensor) -> tf.Tensor:
+        for _ in range(length):
+            x = op(x)
+        return x
+
+    return graph_function(applied, signature)
+
+
+def tf_add_one(x: tf.Tensor) -> tf.Tensor:
+    return tf.add(x, 1.0)
+
+
+def check(name: str, got: tf.Tensor, want: np.ndarray) -> None:
+    """Fails the run when a contender computes the wrong thing."""
+    if not np.array_equal(np.asarray(got), want):
+        raise AssertionError(f"{name}: wrong result {np.asarray(got)[:4]}..., want {want[:4]}...")
+
+
+def per_op(t: Timings, long: str, short: str, length: int) -> list[float]:
+    """Seconds per application, per round: (chain of ``length`` - chain of 1) / (length - 1)."""
+    return [(a - b) / (length - 1) for a, b in zip(t.per_call[long], t.per_call[short], strict=True)]
+
+
+def chain_comparison(contenders: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix: str) -> tuple[Timings, Results]:
+    """Times chains of CHAIN and of 1 application of each contender, interleaved.
+
+    Returns the timings and, per contender, its median time per tf.function call
+    (``{prefix}{name}_x{CHAIN}_us``, ``..._x1_us``) and its marginal time per
+    application (``{prefix}{name}_per_op_us``).
+    """
+    signature = [tf.TensorSpec(x.shape, x.dtype)]
+    want_chain = x.numpy() + CHAIN
+    calls: dict[str, Callable[[], object]] = {}
+    for name, op in contenders.items():
+        long, short = chain(op, CHAIN, signature), chain(op, 1, signature)
+        check(f"{name} x{CHAIN}", long(x), want_chain)
+        check(f"{name} x1", short(x), x.numpy() + 1)
+        calls[f"{name}_x{CHAIN}"] = functools.partial(long, x)
+        calls[f"{name}_x1"] = functools.partial(short, x)
+    t = interleave(calls, rounds=rounds, min_time=0.04)
+    out: Results = {}
+    for name in contenders:
+        out[f"{prefix}{name}_x{CHAIN}_us"] = t.median(f"{name}_x{CHAIN}") * 1e6
+        out[f"{prefix}{name}_x1_us"] = t.median(f"{name}_x1") * 1e6
+        out[f"{prefix}{name}_per_op_us"] = statistics.median(per_op(t, f"{name}_x{CHAIN}", f"{name}_x1", CHAIN)) * 1e6
+    return t, out
+
+
+def overhead(lib: Path, rounds: int, *, fold: bool) -> Results:
+    """Item 1: CHAIN TVMDSOOp add-ones against CHAIN tf.adds, on 1 float32.
+
+    ``fold=False`` (the headline) turns off the Grappler rewrites that fold the
+    tf.add chain into one op; ``fold=True`` keeps TensorFlow's defaults.
+    """
+    if not fold:
+        tf.config.optimizer.set_experimental_options(NO_FOLDING)
+    add_one = tf_op.Module(lib).func("add_one")
+    x = tf.constant([0.0], dtype=tf.float32)
+    prefix = "overhead_grappler_default_" if fold else "overhead_"
+    t, out = chain_comparison({"tvmdsoop": add_one, "tf_add": tf_add_one}, x, rounds, prefix)
+    key = "overhead_ratio_vs_tf_add" + ("_grappler_default" if fold else "")
+    out[key] = t.ratio(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}")
+    out[f"{key}_q1"], out[f"{key}_q3"] = t.ratio_spread(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}")
+    out[f"{prefix}ratio_x1"] = t.ratio("tvmdsoop_x1", "tf_add_x1")
+    # A ratio of medians: a per-round slope is a small difference of two large
+    # times, too noisy to divide round by round.
+    out[f"{prefix}per_op_ratio"] = float(out[f"{prefix}tvmdsoop_per_op_us"]) / float(out[f"{prefix}tf_add_per_op_us"])
+    out[f"{prefix}rounds"] = rounds
+    return out
+
+
+def py_function(lib: Path, rounds: int) -> Results:
+    """Item 3: TVMDSOOp against tf.py_function calling the TVM function through
+    DLPack, on PY_FUNCTION_SIZE floats, in chains of CHAIN (and 1) inside a
+    tf.function."""
+    add_one = tf_op.Module(lib).func("add_one")
+    tvm_add_one = tvm_ffi.load_module(str(lib))["add_one"]
+
+    def eager_tvm_add_one(x: tf.Tensor) -> tf.Tensor:
+        # What a user writes without TVMDSOOp: the input goes to TVM through
+        # DLPack, the output is allocated (aligned: TF needs 64 bytes) and handed
+        # back to TF through DLPack, both without a copy.
+        src = tvm_ffi.from_dlpack(tf.experimental.dlpack.to_dlpack(x))
+        dst = aligned_empty(int(x.shape[0]))
+        tvm_add_one(src, dst)
+        return tf.experimental.dlpack.from_dlpack(dst.__dlpack__())
+
+    def via_py_function(x: tf.Tensor) -> tf.Tensor:
+        y = tf.py_function(eager_tvm_add_one, [x], tf.float32)
+        y.set_shape(x.shape)
+        return y
+
+    x = tf.constant(np.arange(PY_FUNCTION_SIZE, dtype=np.float32))
+    t, out = chain_comparison({"tvmdsoop": add_one, "py_function": via_py_function}, x, rounds, "pyfunc_")
+    # The key is per application: what one more call costs inside a graph. The
+    # whole CHAIN-application tf.function also pays TF's fixed cost of calling a
+    # tf.function from Python (~200 us here), the same for both, reported apart.
+    out["pyfunc_speedup_per_op"] = float(out["pyfunc_py_function_per_op_us"]) / float(out["pyfunc_tvmdsoop_per_op_us"])
+    out["speedup_vs_py_function"] = out["pyfunc_speedup_per_op"]
+    out["speedup_vs_py_function_chain"] = t.ratio(f"py_function_x{CHAIN}", f"tvmdsoop_x{CHAIN}")
+    out["speedup_vs_py_function_chain_q1"], out["speedup_vs_py_function_chain_q3"] = t.ratio_spread(
+        f"py_function_x{CHAIN}", f"tvmdsoop_x{CHAIN}"
+    )
+    out["pyfunc_speedup_x1"] = t.ratio("py_function_x1", "tvmdsoop_x1")
+    out["pyfunc_rounds"] = rounds
+    return out
+
+
+def large(lib: Path, rounds: int) -> Results:
+    """Items 2 and 4: add-one on large tensors through TVMDSOOp (eager, and in a
+    tf.function), the TVM function called directly through tvm_ffi (same input
+    buffer, preallocated output), the old way (copies through numpy), and
+    numpy's memcpy rate between preallocated arrays."""
+    add_one = tf_op.Module(lib).func("add_one")
+    tvm_add_one = tvm_ffi.load_module(str(lib))["add_one"]
+
+    graph_add_one = graph_function(add_one, [tf.TensorSpec([None], tf.float32)])
+
+    out: Results = {"large_rounds": rounds}
+    for label, n in LARGE_SIZES.items():
+        # Fewer rounds at 64M: one round there takes about half a second.
+        size_rounds = rounds if n < (1 << 26) else max(5, rounds * 2 // 3)
+        out.update(large_size(label, n, add_one, graph_add_one, tvm_add_one, size_rounds))
+    for key in ("ratio_vs_direct_tvm", "old_way_ratio_vs_tvmdsoop"):
+        headline = "large_ratio_vs_direct_tvm" if key == "ratio_vs_direct_tvm" else key
+        for suffix in ("", "_q1", "_q3"):
+            out[headline + suffix] = out[f"large_{LARGE_KEY_SIZE}_{key}{suffix}"]
+    return out
+
+
+def large_size(
+    label: str,
+    n: int,
+    add_one: UnaryOp,
+    graph_add_one: UnaryOp,
+    tvm_add_one: Callable[..., object],
+    rounds: int,
+) -> Results:
+    """The large-tensor contenders on ``n`` float32, figures keyed ``large_{label}_*``."""
+    x = tf.random.uniform([n], dtype=tf.float32)
+    want = x.numpy() + np.float32(1)
+    x_tvm = tvm_ffi.from_dlpack(x)  # TF's buffer, seen by TVM, no copy
+    # The direct call's output: a TF tensor allocated once, written in place
+    # through DLPack, so both sides write memory of TF's allocator. A numpy
+    # output is measured too: numpy asks the kernel for huge pages (madvise) on
+    # arrays of 4 MiB and more, which TF's allocator does not.
+    direct_out_tf = tf.zeros([n], dtype=tf.float32)
+    direct_out = tvm_ffi.from_dlpack(direct_out_tf)
+    numpy_out = aligned_empty(n)
+    numpy_out.fill(0)  # fault the pages in before timing
+    copy_src = np.ones(n, dtype=np.float32)
+    copy_dst = np.zeros(n, dtype=np.float32)
+
+    def direct() -> None:
+        tvm_add_one(x_tvm, direct_out)
+
+    def direct_numpy_out() -> None:
+        tvm_add_one(x_tvm, numpy_out)
+
+    def old_way() -> tf.Tensor:
+        # tvm.contrib days: TF -> numpy copy -> TVM tensor -> call -> TF copy.
+        src = tvm_ffi.from_dlpack(x.numpy())
+        dst = np.empty(n, dtype=np.float32)
+        tvm_add_one(src, dst)
+        return tf.constant(dst)
+
+    check(f"tvmdsoop eager {label}", add_one(x), want)
+    check(f"tvmdsoop graph {label}", graph_add_one(x), want)
+    direct()
+    check(f"direct {label}", direct_out_tf, want)
+    direct_numpy_out()
+    check(f"direct numpy out {label}", numpy_out, want)
+    check(f"old way {label}", old_way(), want)
+    del want
+    contenders: dict[str, Callable[[], object]] = {
+        "tvmdsoop": lambda: add_one(x),
+        "tvmdsoop_graph": lambda: graph_add_one(x),
+        "direct_tvm": direct,
+        "direct_tvm_numpy_out": direct_numpy_out,
+        "old_way": old_way,
+        "memcpy": lambda: np.copyto(copy_dst, copy_src),
+    }
+    t = interleave(contenders, rounds=rounds, min_time=0.03, warmup=2)
+    moved = 2 * 4 * n  # bytes read + written by add-one, and by the copy
+    p = f"large_{label}_"
+    out: Results = {f"{p}elements": n, f"{p}rounds": rounds}
+    for key, name, base in [
+        ("ratio_vs_direct_tvm", "tvmdsoop", "direct_tvm"),
+        ("graph_ratio_vs_direct_tvm", "tvmdsoop_graph", "direct_tvm"),
+        ("ratio_vs_direct_tvm_numpy_out", "tvmdsoop", "direct_tvm_numpy_out"),
+        ("old_way_ratio_vs_tvmdsoop", "old_way", "tvmdsoop"),
+    ]:
+        out[p + key] = t.ratio(name, base)
+        out[f"{p}{key}_q1"], out[f"{p}{key}_q3"] = t.ratio_spread(name, base)
+    for name in contenders:
+        out[f"{p}{name}_ms"] = t.median(name) * 1e3
+        out[f"{p}{name}_gbps"] = moved / t.median(name) / 1e9
+        if name != "memcpy":
+            out[f"{p}{name}_fraction_of_memcpy"] = t.ratio("memcpy", name)
+    return out
+
+
+COMPARISONS: dict[str, Callable[[Path, int], Results]] = {
+    "overhead": lambda lib, rounds: overhead(lib, rounds, fold=False),
+    "overhead_grappler": lambda lib, rounds: overhead(lib, rounds, fold=True),
+    "py_function": py_function,
+    "large": large,
+}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("comparison", choices=sorted(COMPARISONS))
+    parser.add_argument("lib", type=Path, help="the add-one library (bench/build_module.py)")
+    parser.add_argument("out", type=Path, help="where to write the JSON figures")
+    parser.add_argument("--rounds", type=int, default=11)
+    args = parser.parse_args(argv)
+    results = COMPARISONS[args.comparison](args.lib, args.rounds)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

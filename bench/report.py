@@ -1,0 +1,308 @@
+"""Turns the figures of bench/run.py into docs/benchmarks.md and its plot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: render straight to PNG
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from common import CHAIN, GOALS, LARGE_KEY_SIZE, LARGE_SIZES, PY_FUNCTION_SIZE, goal_met  # noqa: E402
+
+Results = Mapping[str, float | int | str]
+
+#: The headline keys, in the order of the spec, with what each one divides.
+KEYS: list[tuple[str, str]] = [
+    ("overhead_ratio_vs_tf_add", f"time of {CHAIN} TVMDSOOp add-ones / {CHAIN} `tf.add`s, 1 float32, tf.function"),
+    ("large_ratio_vs_direct_tvm", f"TVMDSOOp / direct tvm_ffi call, {LARGE_KEY_SIZE} float32"),
+    ("speedup_vs_py_function", "`tf.py_function` + DLPack / TVMDSOOp, per application on 1K float32"),
+    ("old_way_ratio_vs_tvmdsoop", f"copy through numpy / TVMDSOOp, {LARGE_KEY_SIZE} float32"),
+    ("peak_rss_ratio_vs_tf_add", "extra peak RSS of TVMDSOOp / of `tf.add`, 256 MiB float32"),
+    ("go_session_ratio_vs_tf_add", f"Go TF session: run of {CHAIN} TVMDSOOp add-ones / of {CHAIN} `AddV2`s, 1 float32"),
+    ("go_dsoop_overhead_ns", "Go `dsoop.Func.Call` − the same call from a C loop, ns per call, 1 float32"),
+]
+
+
+def _f(value: float | int | str, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _goal(r: Results, key: str) -> tuple[str, str]:
+    """The goal's text and whether it is met ("–" when the key has no goal)."""
+    if key not in GOALS:
+        return "none (reported)", "–"
+    op, bound = GOALS[key]
+    sign = "≤" if op == "<=" else "≥"
+    return f"{sign} {bound:g}", "yes" if goal_met(key, float(r[key])) else "**no**"
+
+
+def _spread(r: Results, key: str) -> str:
+    q1, q3 = r.get(f"{key}_q1"), r.get(f"{key}_q3")
+    if isinstance(q1, float) and isinstance(q3, float):
+        return f" [{q1:.2f}–{q3:.2f}]"
+    return ""
+
+
+def _times(r: Results, key: str) -> str:
+    """``1.06× [1.03–1.08]``: a ratio with its quartiles."""
+    return f"{_f(r[key])}×{_spread(r, key)}"
+
+
+def write_plot(r: Results, path: Path) -> None:
+    """Three panels: time per tf.function call, throughput per size, peak RSS."""
+    fig, (ax_call, ax_bw, ax_mem) = plt.subplots(1, 3, figsize=(16, 4.8))
+
+    names = ["tf.add", "TVMDSOOp", "py_function\n+ DLPack"]
+    prefixes = ["overhead_tf_add", "overhead_tvmdsoop", "pyfunc_py_function"]
+    for offset, suffix, label, alpha in [
+        (-0.2, f"_x{CHAIN}_us", f"per tf.function call ({CHAIN} applications)", 1.0),
+        (0.2, "_per_op_us", "per application (slope)", 0.55),
+    ]:
+        ys = [max(float(r[p + suffix]), 1e-3) for p in prefixes]
+        bars = ax_call.bar(
+            [i + offset for i in range(len(names))],
+            ys,
+            0.4,
+            label=label,
+            color=["#999999", "#1f77b4", "#d62728"],
+            alpha=alpha,
+        )
+        ax_call.bar_label(bars, fmt=lambda v: f"{v:.0f}" if v >= 10 else f"{v:.2f}", fontsize=8)
+    ax_call.set_xticks(range(len(names)), names)
+    ax_call.set_yscale("log")
+    ax_call.set_ylabel("µs (log)")
+    ax_call.set_title(f"add-one in a tf.function\n(1 float32; py_function: {PY_FUNCTION_SIZE})")
+    ax_call.legend(fontsize=8, loc="upper left")
+
+    series = [
+        ("memcpy (numpy)", "memcpy", "#999999"),
+        ("direct tvm_ffi", "direct_tvm", "#2ca02c"),
+        ("TVMDSOOp eager", "tvmdsoop", "#1f77b4"),
+        ("TVMDSOOp tf.function", "tvmdsoop_graph", "#17becf"),
+        ("old way (copies)", "old_way", "#d62728"),
+    ]
+    labels = list(LARGE_SIZES)
+    width = 0.8 / len(series)
+    for i, (label, name, color) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
+        ys = [float(r[f"large_{size}_{name}_gbps"]) for size in labels]
+        ax_bw.bar(xs, ys, width, label=label, color=color)
+    ax_bw.set_xticks(range(len(labels)), [f"{s} float32" for s in labels])
+    ax_bw.set_ylabel("GB/s (bytes read + written)")
+    ax_bw.set_title("add-one on large tensors")
+    ax_bw.legend(fontsize=8)
+
+    mem_names = ["tf.add", "TVMDSOOp"]
+    mem_values = [float(r["memory_tf_add_extra_mib"]), float(r["memory_tvmdsoop_extra_mib"])]
+    bars = ax_mem.bar(mem_names, mem_values, color=["#999999", "#1f77b4"])
+    ax_mem.bar_label(bars, fmt="%.0f MiB")
+    ax_mem.axhline(float(r["memory_output_mib"]), color="black", linestyle="--", linewidth=1, label="one output")
+    ax_mem.set_ylabel("peak RSS over the baseline (MiB)")
+    ax_mem.set_title("add-one on 256 MiB float32")
+    ax_mem.legend(fontsize=8)
+
+    fig.suptitle(f"TVMDSOOp benchmarks, {r['cpu_count']} CPUs ({r['cpu_model']})", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _results_table(r: Results) -> list[str]:
+    lines = ["| key | what it divides | median [IQR over rounds] | goal | met |", "| --- | --- | --- | --- | --- |"]
+    for key, what in KEYS:
+        goal, met = _goal(r, key)
+        lines.append(f"| `{key}` | {what} | **{_f(r[key])}**{_spread(r, key)} | {goal} | {met} |")
+    return lines
+
+
+def _overhead_table(r: Results) -> list[str]:
+    lines = [
+        f"| contender | per call, {CHAIN} applications (µs) | per call, 1 application (µs) | per application (µs) |",
+        "| --- | --- | --- | --- |",
+    ]
+    rows = [
+        ("`tf.add(x, 1.0)`, 1 float32", "overhead_tf_add"),
+        ("TVMDSOOp, 1 float32", "overhead_tvmdsoop"),
+        ("`tf.add`, 1 float32, Grappler defaults", "overhead_grappler_default_tf_add"),
+        ("TVMDSOOp, 1 float32, Grappler defaults", "overhead_grappler_default_tvmdsoop"),
+        (f"TVMDSOOp, {PY_FUNCTION_SIZE} float32", "pyfunc_tvmdsoop"),
+        (f"`tf.py_function` + DLPack, {PY_FUNCTION_SIZE} float32", "pyfunc_py_function"),
+    ]
+    for label, p in rows:
+        lines.append(
+            f"| {label} | {_f(r[f'{p}_x{CHAIN}_us'], 1)} | {_f(r[f'{p}_x1_us'], 1)} | {_f(r[f'{p}_per_op_us'], 2)} |"
+        )
+    return lines
+
+
+def _large_table(r: Results) -> list[str]:
+    lines = [
+        "| size | contender | ms per call | GB/s | of memcpy | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for size in LARGE_SIZES:
+        p = f"large_{size}_"
+        rows = [
+            ("memcpy (numpy copyto)", "memcpy", ""),
+            ("direct tvm_ffi, TF output", "direct_tvm", ""),
+            ("direct tvm_ffi, numpy output", "direct_tvm_numpy_out", ""),
+            ("TVMDSOOp eager", "tvmdsoop", f"{_f(r[p + 'ratio_vs_direct_tvm'])}× direct"),
+            ("TVMDSOOp in tf.function", "tvmdsoop_graph", f"{_f(r[p + 'graph_ratio_vs_direct_tvm'])}× direct"),
+            ("old way (copies)", "old_way", f"{_f(r[p + 'old_way_ratio_vs_tvmdsoop'])}× TVMDSOOp"),
+        ]
+        for label, name, ratio in rows:
+            share = "" if name == "memcpy" else f"{float(r[f'{p}{name}_fraction_of_memcpy']) * 100:.0f}%"
+            ms, gbps = _f(r[f"{p}{name}_ms"], 3), _f(r[f"{p}{name}_gbps"], 1)
+            lines.append(f"| {size} | {label} | {ms} | {gbps} | {share} | {ratio} |")
+    return lines
+
+
+def _memory_table(r: Results) -> list[str]:
+    return [
+        "| process | peak RSS (MiB) | over the baseline (MiB) |",
+        "| --- | --- | --- |",
+        f"| baseline (imports, warm-up, 256 MiB input) | {_f(r['memory_baseline_mib'], 0)} | – |",
+        f"| + `tf.add(x, 1.0)` | {_f(r['memory_tf_add_mib'], 0)} | {_f(r['memory_tf_add_extra_mib'], 1)} |",
+        f"| + TVMDSOOp add-one | {_f(r['memory_tvmdsoop_mib'], 0)} | {_f(r['memory_tvmdsoop_extra_mib'], 1)} |",
+    ]
+
+
+def write_markdown(r: Results, path: Path, plot: Path, profile_notes: Path) -> None:
+    """docs/benchmarks.md: how to run, what is compared, the results, the profile."""
+    profile = profile_notes.read_text().strip() if profile_notes.is_file() else "_bench/profile.md is missing._"
+    key_size = LARGE_KEY_SIZE
+    old = [float(r[f"large_{size}_old_way_ratio_vs_tvmdsoop"]) for size in LARGE_SIZES]
+    old_low, old_high = min(old), max(old)
+    text = f"""# Benchmarks
+
+<!-- Written by `make bench` (bench/run.py, bench/report.py): edit those, not this file.
+     The Profile section comes from bench/profile.md. -->
+
+Measured on {r["date"]}: {r["cpu_count"]} CPUs ({r["cpu_model"]}), Python {r["version_python"]},
+TensorFlow {r["version_tensorflow"]}, apache-tvm {r["version_tvm"]}, apache-tvm-ffi {r["version_tvm_ffi"]},
+numpy {r["version_numpy"]}; commit {r["git_commit"]}. Every figure is for the CPU.
+
+## How to run
+
+```sh
+make bench                      # builds the op library first; {_f(r.get("bench_seconds", 0.0), 0)} s on this machine
+.venv/bin/python bench/run.py --quick   # fewer rounds, for trying changes out
+```
+
+It compiles the add-one function once with TVM in its own process
+(`bench/build_module.py`, into `build/bench/add_one.so`: TVM's compiler and its LLVM
+never enter a TensorFlow process), runs each comparison in one fresh process
+(`bench/compare.py`), measures memory in fresh processes (`bench/memory.py`), and
+writes `build/bench/results.json` (flat: every key below, the per-size details, the
+machine and the versions), this page and [benchmarks.png](benchmarks.png).
+
+How figures are taken (`bench/timing.py`): each contender is warmed up, then called
+enough times per timing to last 30–40 ms; the contenders of a comparison are timed
+in turns, round after round (A B, B A, A B, …; {r["overhead_rounds"]} rounds, fewer for 64M),
+with `time.perf_counter` and the garbage collector off. A ratio is the **median over
+rounds of the ratio of two timings taken in the same round**: this machine is
+shared and noisy, and only ratios measured together count. The brackets give the
+quartiles of those per-round ratios. Times and GB/s are medians over rounds.
+
+## What is compared
+
+1. **Per-op overhead** (`overhead_ratio_vs_tf_add`): a `tf.function` applying add-one
+   {CHAIN} times in sequence to a 1-element float32 tensor: TVMDSOOp
+   (`tf_op.Module(lib).func("add_one")`) against `tf.add(x, 1.0)`. Grappler's
+   arithmetic optimisation and constant folding are turned off in this process:
+   with them, TensorFlow folds the {CHAIN} `tf.add`s into one `AddV2` (checked on the
+   optimised graph), which it cannot do for a custom op, and the comparison would
+   no longer compare ops. The figure with TensorFlow's defaults is in the details.
+   Chains of 1 are timed too, so the cost of one application (the slope) is known
+   apart from the cost of calling the `tf.function`.
+2. **Large tensors** (`large_ratio_vs_direct_tvm`, at {key_size}): add-one on 1M, 16M and 64M
+   float32 through TVMDSOOp (the eager call is the key; the `tf.function` call is
+   reported too) against the same TVM function called directly through `tvm_ffi`
+   on the same input buffer with a preallocated output. The direct call's output is
+   a TF tensor allocated once and written in place through DLPack, so both sides
+   write memory from TF's allocator; with a numpy output (also reported) the direct
+   call is a little faster at 16M, because numpy asks for transparent huge pages on
+   large arrays and TF's allocator does not. GB/s counts bytes read plus written
+   (8 per element), against numpy's `copyto` between two preallocated arrays in
+   the same rounds, this machine's practical limit. The function is TVM's plain
+   serial loop (one core); the L3 of this machine is large, so 1M and 16M are
+   partly cache-resident.
+3. **What a user would write without TVMDSOOp** (`speedup_vs_py_function`):
+   `tf.py_function` calling the TVM function, the input passed through
+   `tf.experimental.dlpack.to_dlpack` / `tvm_ffi.from_dlpack`, the output a
+   64-byte-aligned numpy array handed back with `tf.experimental.dlpack.from_dlpack`
+   (both without a copy; TensorFlow aborts the process on a misaligned import, so a
+   plain `np.empty` does not do), on {PY_FUNCTION_SIZE}-element float32 tensors, in the same
+   {CHAIN}-application `tf.function` as 1. The key is the ratio of the
+   per-application costs (the slope, as below): what each call costs in a graph.
+   The whole {CHAIN}-application `tf.function` also pays TensorFlow's fixed cost of
+   calling a `tf.function` from Python, the same for both; its ratio
+   (`speedup_vs_py_function_chain`) is {_f(r["speedup_vs_py_function_chain"])}.
+4. **The old way** (`old_way_ratio_vs_tvmdsoop`, at {key_size}): what `tvm.contrib` users did
+   before the op: `x.numpy()` (a copy), a `tvm_ffi` tensor over that array, the
+   call into a fresh numpy output, and `tf.constant` of the result (a copy back),
+   for the large sizes, timed in the same rounds as 2. No goal: it is reported.
+5. **Memory** (`peak_rss_ratio_vs_tf_add`): peak RSS (`ru_maxrss`) of a fresh process
+   applying add-one once to a 256 MiB float32 tensor, TVMDSOOp against `tf.add`,
+   each minus that of a baseline process that does the same imports and warm-up and
+   creates the input only; {r["memory_repeats"]} processes of each kind, interleaved, medians.
+   One output is {_f(r["memory_output_mib"], 0)} MiB; a copy of the input or of the output would
+   show as another {_f(r["memory_output_mib"], 0)}.
+6. **Go** (`go test -bench`, interleaved rounds inside each benchmark):
+   `go_session_ratio_vs_tf_add` runs a Go TF session (graft) on a graph of {CHAIN}
+   chained TVMDSOOp add-ones against one of {CHAIN} `AddV2`s
+   (`tfbridge.BenchmarkSessionChain`: {_f(r["go_session_tvmdsoop_us"], 1)} µs against
+   {_f(r["go_session_tf_add_us"], 1)} µs a run; each Go call also adds its own constant
+   nodes for the library path and the output sizes, which the Python API shares).
+   `go_dsoop_overhead_ns` is what the Go binding adds to a call: `dsoop.Func.Call`
+   ({_f(r["go_dsoop_call_ns"], 0)} ns) against the same function called from a C loop
+   ({_f(r["go_dsoop_direct_c_ns"], 1)} ns) (`dsoop.BenchmarkCallOverhead`): one cgo
+   transition and the pinning of the Go memory the call reads. The TF kernels do not pay it.
+
+## Results
+
+{chr(10).join(_results_table(r))}
+
+![TVMDSOOp benchmarks](benchmarks.png)
+
+### Per-op cost (1 and 3)
+
+{chr(10).join(_overhead_table(r))}
+
+Per application = (time of the {CHAIN}-application `tf.function` − time of the
+1-application one) / {CHAIN - 1}, per round, median; the per-application ratios below divide
+those medians. With TensorFlow's default Grappler the
+{CHAIN}-application ratio is {_f(r["overhead_ratio_vs_tf_add_grappler_default"])} (the `tf.add` chain runs as one op).
+Per application, TVMDSOOp costs {_f(r["overhead_per_op_ratio"], 1)}× a `tf.add` on one element; a
+`tf.py_function` costs {_f(r["pyfunc_speedup_per_op"], 0)}× a TVMDSOOp on {PY_FUNCTION_SIZE} elements; a single
+application in its own `tf.function` is {_f(r["pyfunc_speedup_x1"])}× faster through TVMDSOOp, the
+`tf.function` call itself (about {_f(r["overhead_tf_add_x1_us"], 0)} µs here) dominating both.
+
+### Large tensors (2 and 4)
+
+{chr(10).join(_large_table(r))}
+
+At 1M the fixed cost of a call (the Python wrapper and TF's dispatch, tens to
+hundreds of µs on this machine) is still comparable to the 0.3 ms of work. At 16M an
+eager TVMDSOOp call takes {_times(r, "large_16M_ratio_vs_direct_tvm")} the direct call's time, at 64M
+{_times(r, "large_64M_ratio_vs_direct_tvm")}; against a direct call writing a numpy output,
+{_times(r, "large_16M_ratio_vs_direct_tvm_numpy_out")} at 16M. The old way moves every byte three
+times instead of once (a copy out, the call, a copy back, into freshly allocated
+memory) and takes {old_low:.1f}–{old_high:.1f}× the op's time.
+
+### Memory (5)
+
+{chr(10).join(_memory_table(r))}
+
+## Profile
+
+{profile}
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    write_plot(r, plot)

@@ -1,0 +1,276 @@
+"""make bench: TVMDSOOp side by side with what it replaces, on the CPU.
+
+    .venv/bin/python bench/run.py [--quick] [--rounds N] [--report-only]
+
+Builds the add-one TVM module once (bench/build_module.py, in its own process),
+runs each comparison in one fresh process (bench/compare.py: contenders timed
+interleaved, medians of per-round ratios), measures peak memory in fresh
+processes (bench/memory.py), then writes build/bench/results.json,
+docs/benchmarks.md and docs/benchmarks.png (bench/report.py) and prints a summary.
+
+This process imports neither TensorFlow nor TVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import (
+    BENCH_DIR,
+    BUILD_DIR,
+    DOC,
+    GOALS,
+    LIBRARY,
+    MEMORY_SIZE,
+    PLOT,
+    PROFILE_NOTES,
+    RESULTS,
+    ROOT,
+    goal_met,
+)
+from report import KEYS, write_markdown
+
+Results = dict[str, float | int | str]
+
+#: Comparisons run by bench/compare.py, each in its own process, in this order.
+COMPARISONS = ("overhead", "overhead_grappler", "py_function", "large")
+
+
+def _run(args: list[str], what: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs a child Python script; on failure shows its stderr and stops."""
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"bench: {what} failed (exit status {proc.returncode})")
+    print(f"  {what}: {time.perf_counter() - started:.1f} s", flush=True)
+    return proc
+
+
+def build_module() -> Path:
+    """Compiles add_one with TVM in a child process, unless it is up to date."""
+    script = BENCH_DIR / "build_module.py"
+    if LIBRARY.is_file() and LIBRARY.stat().st_mtime >= script.stat().st_mtime:
+        print(f"  add-one module: {LIBRARY.relative_to(ROOT)} (up to date)")
+        return LIBRARY
+    _run([str(script), str(LIBRARY)], f"TVM build of {LIBRARY.relative_to(ROOT)}", timeout=300)
+    return LIBRARY
+
+
+def run_comparison(name: str, rounds: int) -> Results:
+    out = BUILD_DIR / f"{name}.json"
+    out.unlink(missing_ok=True)
+    _run(
+        [str(BENCH_DIR / "compare.py"), name, str(LIBRARY), str(out), "--rounds", str(rounds)],
+        f"comparison {name}",
+        timeout=240,
+    )
+    results: Results = json.loads(out.read_text())
+    return results
+
+
+def run_memory(repeats: int) -> Results:
+    """Peak RSS of baseline / TVMDSOOp / tf.add processes, interleaved, medians."""
+    peaks: dict[str, list[float]] = {"baseline": [], "tvmdsoop": [], "tf_add": []}
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for mode in peaks:
+            proc = subprocess.run(
+                [sys.executable, str(BENCH_DIR / "memory.py"), mode, str(LIBRARY), str(MEMORY_SIZE)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stderr[-8000:])
+                raise SystemExit(f"bench: memory {mode} failed (exit status {proc.returncode})")
+            peaks[mode].append(json.loads(proc.stdout.strip().splitlines()[-1])["maxrss_kib"] / 1024)
+    print(f"  memory ({3 * repeats} processes): {time.perf_counter() - started:.1f} s", flush=True)
+    out: Results = {"memory_repeats": repeats, "memory_output_mib": MEMORY_SIZE * 4 / 2**20}
+    base = statistics.median(peaks["baseline"])
+    out["memory_baseline_mib"] = base
+    for mode in ("tvmdsoop", "tf_add"):
+        out[f"memory_{mode}_mib"] = statistics.median(peaks[mode])
+        out[f"memory_{mode}_extra_mib"] = statistics.median(peaks[mode]) - base
+    out["peak_rss_ratio_vs_tf_add"] = float(out["memory_tvmdsoop_extra_mib"]) / float(out["memory_tf_add_extra_mib"])
+    return out
+
+
+def _cgo_environment() -> dict[str, str]:
+    """The environment `go test` needs: build/cgo.mk's exports (make build)."""
+    env = dict(os.environ)
+    for line in (BUILD_DIR.parent / "cgo.mk").read_text().splitlines():
+        if line.startswith("export ") and ":=" in line:
+            name, value = line[len("export ") :].split(":=", 1)
+            env[name.strip()] = value.strip()
+    return env
+
+
+#: Go benchmarks: (package, benchmark, rounds) and the metric -> key they give.
+GO_BENCHMARKS = (
+    ("./dsoop", "BenchmarkCallOverhead", 9, {
+        "go-ns/call": "go_dsoop_call_ns", "c-ns/call": "go_dsoop_direct_c_ns",
+        "overhead-ns/call": "go_dsoop_overhead_ns",
+    }),
+    ("./tfbridge", "BenchmarkSessionChain", 15, {
+        "ratio": "go_session_ratio_vs_tf_add", "tvmdsoop-us/run": "go_session_tvmdsoop_us",
+        "tf_add-us/run": "go_session_tf_add_us",
+    }),
+)
+
+
+def run_go_benchmarks() -> Results:
+    """Item 6: the Go benchmarks, each timing its contenders interleaved."""
+    out: Results = {}
+    env = _cgo_environment()
+    for package, name, rounds, metrics in GO_BENCHMARKS:
+        started = time.perf_counter()
+        proc = subprocess.run(
+            ["go", "test", "-run", "^$", "-bench", f"^{name}$", "-benchtime", f"{rounds}x", package],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(name)]
+        if proc.returncode != 0 or not lines:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise SystemExit(f"bench: go benchmark {name} failed")
+        fields = lines[-1].split()
+        for value, unit in zip(fields[2::2], fields[3::2]):
+            if unit in metrics:
+                out[metrics[unit]] = float(value)
+        print(f"  go {name}: {time.perf_counter() - started:.1f} s", flush=True)
+    return out
+
+
+def _version(*distributions: str) -> str:
+    for dist in distributions:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str:
+    """HEAD, with "+dirty" when the tree has changes (read-only git commands)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def environment() -> Results:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu_count": os.cpu_count() or 0,
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+        "version_python": platform.python_version(),
+        "version_tensorflow": _version("tensorflow-cpu", "tensorflow"),
+        "version_tvm": _version("apache-tvm"),
+        "version_tvm_ffi": _version("apache-tvm-ffi"),
+        "version_numpy": _version("numpy"),
+        "version_matplotlib": _version("matplotlib"),
+    }
+
+
+def summary(results: Results) -> str:
+    lines = ["", f"{'key':<28} {'median':>9}  {'goal':<8} met", "-" * 52]
+    for key, _ in KEYS:
+        value = float(results[key])
+        if key in GOALS:
+            op, bound = GOALS[key]
+            goal, met = f"{op} {bound:g}", "yes" if goal_met(key, value) else "NO"
+        else:
+            goal, met = "-", "-"
+        lines.append(f"{key:<28} {value:>9.2f}  {goal:<8} {met}")
+    lines += [
+        "",
+        f"per application: TVMDSOOp {float(results['overhead_tvmdsoop_per_op_us']):.2f} us, "
+        f"tf.add {float(results['overhead_tf_add_per_op_us']):.2f} us, "
+        f"py_function {float(results['pyfunc_py_function_per_op_us']):.1f} us",
+        f"16M add-one: TVMDSOOp {float(results['large_16M_tvmdsoop_gbps']):.1f} GB/s, "
+        f"direct {float(results['large_16M_direct_tvm_gbps']):.1f} GB/s, "
+        f"memcpy {float(results['large_16M_memcpy_gbps']):.1f} GB/s",
+        f"memory: +{float(results['memory_tvmdsoop_extra_mib']):.0f} MiB (TVMDSOOp), "
+        f"+{float(results['memory_tf_add_extra_mib']):.0f} MiB (tf.add), one output = "
+        f"{float(results['memory_output_mib']):.0f} MiB",
+        f"Go: session run {float(results['go_session_tvmdsoop_us']):.1f} us (TVMDSOOp chain) "
+        f"vs {float(results['go_session_tf_add_us']):.1f} us (AddV2 chain); "
+        f"dsoop.Func.Call {float(results['go_dsoop_call_ns']):.0f} ns vs "
+        f"{float(results['go_dsoop_direct_c_ns']):.1f} ns from C",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and memory processes")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 15, quick 5)")
+    parser.add_argument(
+        "--report-only", action="store_true", help=f"rewrite the docs from {RESULTS.relative_to(ROOT)}, measure nothing"
+    )
+    args = parser.parse_args(argv)
+    if args.report_only:
+        stored: Results = json.loads(RESULTS.read_text())
+        write_markdown(stored, DOC, PLOT, PROFILE_NOTES)
+        print(summary(stored))
+        print(f"wrote {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
+        return
+    rounds = args.rounds or (5 if args.quick else 15)
+    started = time.perf_counter()
+    print(f"bench: {rounds} interleaved rounds per comparison", flush=True)
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    build_module()
+    results: Results = environment()
+    for name in COMPARISONS:
+        results.update(run_comparison(name, rounds))
+    results.update(run_memory(2 if args.quick else 3))
+    results.update(run_go_benchmarks())
+    results["bench_seconds"] = round(time.perf_counter() - started, 1)
+    missing = [key for key, _ in KEYS if key not in results]
+    if missing:
+        raise SystemExit(f"bench: no figure for {', '.join(missing)}")
+    RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
+    write_markdown(results, DOC, PLOT, PROFILE_NOTES)
+    print(summary(results))
+    print(f"wrote {RESULTS.relative_to(ROOT)}, {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
+    print(f"bench: {results['bench_seconds']} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
