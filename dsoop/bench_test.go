@@ -2,13 +2,14 @@ package dsoop_test
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop/internal/directcall"
+
+	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 )
 
 // BenchmarkCall measures one Func.Call of add_one from Go; BenchmarkDirectC the
@@ -80,13 +81,7 @@ func BenchmarkCallOverhead(b *testing.B) {
 		cNs = append(cNs, float64(c.Nanoseconds())/perRound)
 		diffNs = append(diffNs, float64((g-c).Nanoseconds())/perRound)
 	}
-	b.ReportMetric(median(goNs), "go-ns/call")
-	b.ReportMetric(median(cNs), "c-ns/call")
-	b.ReportMetric(median(diffNs), "overhead-ns/call")
-}
-
-func median(values []float64) float64 {
-	sorted := slices.Clone(values)
-	slices.Sort(sorted)
-	return sorted[len(sorted)/2]
+	b.ReportMetric(testenv.Median(goNs), "go-ns/call")
+	b.ReportMetric(testenv.Median(cNs), "c-ns/call")
+	b.ReportMetric(testenv.Median(diffNs), "overhead-ns/call")
 }

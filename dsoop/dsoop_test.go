@@ -3,7 +3,6 @@ package dsoop_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 )
 
 // The test libraries built by tests/modules/build_modules.py: testLib by
@@ -29,14 +29,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	python := os.Getenv("TVMDSOOP_PYTHON")
-	if python == "" {
-		python = "../.venv/bin/python"
-	}
-	cmd := exec.Command(python, "../tests/modules/build_modules.py", dir)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the test modules with %s failed (run `make test`): %v\n", python, err)
+	if err := testenv.RunPython("..", "tests/modules/build_modules.py", dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	testLib = filepath.Join(dir, "testfuncs.so")

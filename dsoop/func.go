@@ -253,21 +253,21 @@ func fillDLTensor(d *C.DLTensor, t *dlpack.Tensor, dims []C.int64_t, pinner *run
 	d.ndim = C.int32_t(len(t.Shape))
 	d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}
 	d.byte_offset = C.uint64_t(t.ByteOffset)
-	if len(t.Shape) > 0 {
-		d.shape = &dims[0]
-		for j, v := range t.Shape {
-			dims[j] = C.int64_t(v)
-		}
-		dims = dims[len(t.Shape):]
-	}
-	if len(t.Strides) > 0 {
-		d.strides = &dims[0]
-		for j, v := range t.Strides {
-			dims[j] = C.int64_t(v)
-		}
-		dims = dims[len(t.Strides):]
-	}
+	d.shape, dims = putDims(t.Shape, dims)
+	d.strides, dims = putDims(t.Strides, dims)
 	return dims
+}
+
+// putDims copies values to the front of dims and returns where they are (nil for
+// none) and what is left of dims.
+func putDims(values []int64, dims []C.int64_t) (*C.int64_t, []C.int64_t) {
+	if len(values) == 0 {
+		return nil, dims
+	}
+	for j, v := range values {
+		dims[j] = C.int64_t(v)
+	}
+	return &dims[0], dims[len(values):]
 }
 
 // Close releases the function. Calls after Close fail; Close is idempotent.

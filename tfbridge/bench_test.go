@@ -1,13 +1,14 @@
 package tfbridge_test
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
+
+	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 )
 
 // chainLength is how many ops each benchmark graph applies in sequence, as in
@@ -71,13 +72,7 @@ func BenchmarkSessionChain(b *testing.B) {
 		tvmTimes = append(tvmTimes, float64(tvmTime.Microseconds())/perRound)
 		addTimes = append(addTimes, float64(addTime.Microseconds())/perRound)
 	}
-	b.ReportMetric(median(ratios), "ratio")
-	b.ReportMetric(median(tvmTimes), "tvmdsoop-us/run")
-	b.ReportMetric(median(addTimes), "tf_add-us/run")
-}
-
-func median(values []float64) float64 {
-	sorted := slices.Clone(values)
-	slices.Sort(sorted)
-	return sorted[len(sorted)/2]
+	b.ReportMetric(testenv.Median(ratios), "ratio")
+	b.ReportMetric(testenv.Median(tvmTimes), "tvmdsoop-us/run")
+	b.ReportMetric(testenv.Median(addTimes), "tf_add-us/run")
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 	"github.com/tvmdsoop/tvmdsoop/tfbridge"
 )
 
@@ -27,18 +27,12 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	python := os.Getenv("TVMDSOOP_PYTHON")
-	if python == "" {
-		python = "../.venv/bin/python"
-	}
 	for _, args := range [][]string{
-		{"../tests/modules/build_modules.py", dir},
-		{"../tests/modules/export_saved_model.py", filepath.Join(dir, "testfuncs.so"), dir},
+		{"tests/modules/build_modules.py", dir},
+		{"tests/modules/export_saved_model.py", filepath.Join(dir, "testfuncs.so"), dir},
 	} {
-		cmd := exec.Command(python, args...)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "%s %v failed (run `make test`): %v\n", python, args, err)
+		if err := testenv.RunPython("..", args[0], args[1:]...); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}
