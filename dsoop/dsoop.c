@@ -1,6 +1,8 @@
 // dsoop.c: opens the TVM-FFI runtime and calls TVM functions (see dsoop.h).
 #include "dsoop.h"
 
+#include <tvm/ffi/extra/c_env_api.h>
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -14,6 +16,7 @@ static struct {
   int (*object_inc_ref)(TVMFFIObjectHandle);
   int (*object_dec_ref)(TVMFFIObjectHandle);
   void (*error_move_from_raised)(TVMFFIObjectHandle*);
+  int (*env_set_stream)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
   TVMFFIObjectHandle module_load_from_file;  // ffi.ModuleLoadFromFile
   TVMFFIObjectHandle module_get_function;    // ffi.ModuleGetFunction
 } api;
@@ -98,6 +101,7 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   RESOLVE(object_inc_ref, "TVMFFIObjectIncRef");
   RESOLVE(object_dec_ref, "TVMFFIObjectDecRef");
   RESOLVE(error_move_from_raised, "TVMFFIErrorMoveFromRaised");
+  RESOLVE(env_set_stream, "TVMFFIEnvSetStream");
   // libtvm_runtime.so fills the backend hooks (__TVMBackendParallelLaunch, workspace
   // allocation, ...) that tvm.compile'd modules call back through.
   if (runtime_library != NULL && runtime_library[0] != '\0' &&
@@ -193,6 +197,21 @@ int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t 
   if (fn->safe_call(fn->handle, args, num_args, &result) != 0) return take_raised_error(err);
   release_any(&result);
   return 0;
+}
+
+int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args,
+                                  int32_t num_args, int32_t device_type, int32_t device_id,
+                                  void* stream, DsoopError* err) {
+  TVMFFIStreamHandle previous = NULL;
+  if (api.env_set_stream(device_type, device_id, stream, &previous) != 0) {
+    return take_raised_error(err);
+  }
+  const int rc = dsoop_function_call(fn, args, num_args, err);
+  TVMFFIStreamHandle ignored = NULL;
+  if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0 && rc == 0) {
+    return take_raised_error(err);
+  }
+  return rc;
 }
 
 int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,

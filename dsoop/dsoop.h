@@ -63,6 +63,15 @@ void dsoop_object_release(TVMFFIObjectHandle obj);
 int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
                         DsoopError* err);
 
+// Calls fn with TVM's current stream for (device_type, device_id) set to stream
+// (TVMFFIEnvSetStream), and the previous stream restored afterwards, on failure
+// too. TVM kernels launch on that stream, so the call is ordered with the
+// caller's other work there and needs no synchronisation. The TF GPU kernel and
+// the GPU harness both call TVM through this.
+int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args,
+                                  int32_t num_args, int32_t device_type, int32_t device_id,
+                                  void* stream, DsoopError* err);
+
 // A value a function returned, converted to plain C.
 typedef struct {
   int32_t type_index;  // kTVMFFINone, kTVMFFIInt, kTVMFFIBool, kTVMFFIFloat or kTVMFFIStr

@@ -286,6 +286,32 @@ func TestBadArguments(t *testing.T) {
 	}
 }
 
+func TestCallOnSetsAndRestoresTheStream(t *testing.T) {
+	// No GPU here: a stand-in CUstream (any address) is only stored and read
+	// back, never used, and TVM holds it only during the call.
+	cuda := dlpack.Device{Type: dlpack.CUDA, ID: 0}
+	var marker byte
+	fakeStream := unsafe.Pointer(&marker)
+	probe := openFuncIn(t, ffiLib, "current_stream")
+	seen := make([]int64, 1)
+	seenTensor := mustTensor(t, seen)
+	deviceArgs := []any{int64(cuda.Type), int64(cuda.ID)}
+
+	require.NoError(t, probe.CallOn(cuda, fakeStream, append([]any{seenTensor}, deviceArgs...)...))
+	assert.Equal(t, int64(uintptr(fakeStream)), seen[0], "the function sees the caller's stream")
+	require.NoError(t, probe.Call(append([]any{seenTensor}, deviceArgs...)...))
+	assert.Equal(t, int64(0), seen[0], "the previous stream is restored")
+
+	out := make([]float32, 2)
+	err := openFuncIn(t, ffiLib, "raise_value_error").CallOn(cuda, fakeStream, mustTensor(t, out), mustTensor(t, out))
+	require.Error(t, err)
+	require.NoError(t, probe.Call(append([]any{seenTensor}, deviceArgs...)...))
+	assert.Equal(t, int64(0), seen[0], "restored after a failing call too")
+
+	require.NoError(t, openFuncIn(t, ffiLib, "fill").CallOn(dlpack.Device{Type: dlpack.CPU}, nil, mustTensor(t, out), 4.0))
+	assert.Equal(t, []float32{4, 4}, out)
+}
+
 func TestForeignMemory(t *testing.T) {
 	// Memory Go does not own (here mmap'ed) goes to TVM as it is.
 	mem, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)

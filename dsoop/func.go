@@ -73,6 +73,29 @@ func (f *Func) CallValue(args ...any) (any, error) {
 	return f.call(args, true)
 }
 
+// CallOn calls the function with TVM's current stream for device set to stream
+// (a CUstream, for CUDA), restoring the previous one after. TVM kernels launch on
+// that stream, ordered after the work already queued there, with no
+// synchronisation: the call may return before the device has finished.
+func (f *Func) CallOn(device dlpack.Device, stream unsafe.Pointer, args ...any) error {
+	f.ref.mu.RLock()
+	defer f.ref.mu.RUnlock()
+	if f.ref.closed {
+		return fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
+	}
+	packed, err := packArgs(args)
+	if err != nil {
+		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
+	}
+	defer packed.free()
+	var cerr C.DsoopError
+	if C.dsoop_function_call_on_stream(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)),
+		C.int32_t(device.Type), C.int32_t(device.ID), stream, &cerr) != 0 {
+		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
+	}
+	return nil
+}
+
 func (f *Func) call(args []any, wantValue bool) (any, error) {
 	f.ref.mu.RLock()
 	defer f.ref.mu.RUnlock()

@@ -20,6 +20,9 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "xla/stream_executor/device_address.h"
+#include "xla/stream_executor/stream.h"
+#include "xla/stream_executor/stream_executor.h"
 #include "_cgo_export.h"
 
 namespace tvmdsoop {
@@ -92,6 +95,86 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   return Status();
 }
 
+// Where a kernel's buffers live and how it reaches them: the host. Made per
+// Compute; scratch memory lives until it is destroyed, after the call.
+class CpuPlacement {
+ public:
+  Status Init(OpKernelContext*) { return Status(); }
+  DLDevice dl_device() const { return {kDLCPU, 0}; }
+
+  // size bytes aligned to alignment, for a buffer TF gave us below it.
+  Status Scratch(OpKernelContext*, size_t size, int64_t alignment, char** out) {
+    AlignedBuffer buffer;
+    TF_RETURN_IF_ERROR(AllocateAligned(size, alignment, &buffer));
+    *out = buffer.get();
+    scratch_.push_back(std::move(buffer));
+    return Status();
+  }
+
+  Status Copy(char* dst, const char* src, size_t size) {
+    std::memcpy(dst, src, size);
+    return Status();
+  }
+
+  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
+    return dsoop_function_call(&fn, args, num_args, err);
+  }
+
+ private:
+  absl::InlinedVector<AlignedBuffer, 2> scratch_;
+};
+
+// A CUDA GPU, and TF's stream for this op there. Everything is queued on that
+// stream: TVM's kernels (TVM's current stream is set to it for the call) and the
+// copies through scratch, so the op is ordered with TF's other work on the device
+// without a synchronisation. (TF creates its streams non-blocking: work on CUDA's
+// legacy default stream would not be ordered with them.)
+class GpuPlacement {
+ public:
+  Status Init(OpKernelContext* ctx) {
+    tensorflow::DeviceContext* device_context = ctx->op_device_context();
+    stream_ = device_context == nullptr ? nullptr : device_context->stream();
+    if (stream_ == nullptr) {
+      return errors::Internal("TVMDSOOp: the GPU kernel has no stream from TensorFlow");
+    }
+    handle_ = stream_->platform_specific_handle().stream;
+    device_id_ = stream_->parent()->device_ordinal();
+    return Status();
+  }
+
+  DLDevice dl_device() const { return {kDLCUDA, device_id_}; }
+
+  // Device memory from TF's allocator, aligned within a slightly larger block.
+  // Freeing it when Compute ends is safe: TF's GPU allocator orders reuse of
+  // memory on the stream the work was queued on.
+  Status Scratch(OpKernelContext* ctx, size_t size, int64_t alignment, char** out) {
+    Tensor block;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(size + alignment)}), &block));
+    const auto base = reinterpret_cast<uintptr_t>(block.tensor_data().data());
+    const auto a = static_cast<uintptr_t>(alignment);
+    *out = reinterpret_cast<char*>((base + a - 1) / a * a);
+    scratch_.push_back(std::move(block));
+    return Status();
+  }
+
+  Status Copy(char* dst, const char* src, size_t size) {
+    stream_executor::DeviceAddressBase to(dst, size);
+    return stream_->MemcpyD2D(&to, stream_executor::DeviceAddressBase(const_cast<char*>(src), size),
+                              size);
+  }
+
+  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
+    return dsoop_function_call_on_stream(&fn, args, num_args, kDLCUDA, device_id_, handle_, err);
+  }
+
+ private:
+  stream_executor::Stream* stream_ = nullptr;
+  void* handle_ = nullptr;  // the CUstream
+  int32_t device_id_ = 0;
+  absl::InlinedVector<Tensor, 2> scratch_;
+};
+
 // A function resolved from one library.
 struct Resolved {
   std::string lib_path;
@@ -158,15 +241,19 @@ class CallKernel : public OpKernel {
     return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
   }
 
-  // Calls the function with inputs [0, num_in) and outputs of out_shapes.
+  // Calls the function with inputs [0, num_in) and outputs of out_shapes, with
+  // the buffers on the Placement's device.
+  template <typename Placement>
   void Call(OpKernelContext* ctx, const Resolved& fn, int num_in,
             absl::Span<const TensorShape> out_shapes) {
     const std::string& where = fn.where;
+    Placement placement;
+    OP_REQUIRES_OK(ctx, placement.Init(ctx));
+    const DLDevice device = placement.dl_device();
     const int num_out = static_cast<int>(out_shapes.size());
     const int num_args = num_in + num_out;
     absl::InlinedVector<DLTensor, 8> tensors(num_args);
     absl::InlinedVector<TVMFFIAny, 8> args(num_args);
-    absl::InlinedVector<AlignedBuffer, 2> scratch;
     // Outputs that TF allocated below the alignment: computed in scratch, copied back.
     absl::InlinedVector<std::pair<Tensor*, const char*>, 2> copy_back;
 
@@ -192,18 +279,17 @@ class CallKernel : public OpKernel {
       char* data = const_cast<char*>(t.tensor_data().data());
       const size_t size = t.TotalBytes();
       if (size > 0 && !IsAligned(data, alignment_)) {
-        AlignedBuffer buffer;
-        OP_REQUIRES_OK(ctx, AllocateAligned(size, alignment_, &buffer));
+        char* aligned = nullptr;
+        OP_REQUIRES_OK(ctx, placement.Scratch(ctx, size, alignment_, &aligned));
         if (is_input) {
-          std::memcpy(buffer.get(), data, size);
+          OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
         } else {
-          copy_back.emplace_back(out, buffer.get());
+          copy_back.emplace_back(out, aligned);
         }
-        data = buffer.get();
-        scratch.push_back(std::move(buffer));
+        data = aligned;
       }
       dl.data = data;
-      dl.device = {kDLCPU, 0};
+      dl.device = device;
       dl.ndim = t.dims();
       dl.shape = next_dims;
       for (int d = 0; d < dl.ndim; ++d) *next_dims++ = t.dim_size(d);
@@ -215,7 +301,7 @@ class CallKernel : public OpKernel {
     }
 
     DsoopError err = {nullptr, nullptr};
-    if (dsoop_function_call(&fn.fn, args.data(), num_args, &err) != 0) {
+    if (placement.Call(fn.fn, args.data(), num_args, &err) != 0) {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
                             absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
                                          err.message ? err.message : "", "\n  TVMDSOOp passed ",
@@ -224,7 +310,8 @@ class CallKernel : public OpKernel {
       return;
     }
     for (const auto& [out, buffer] : copy_back) {
-      std::memcpy(const_cast<char*>(out->tensor_data().data()), buffer, out->TotalBytes());
+      OP_REQUIRES_OK(ctx, placement.Copy(const_cast<char*>(out->tensor_data().data()), buffer,
+                                         out->TotalBytes()));
     }
   }
 
@@ -262,6 +349,7 @@ class CallKernel : public OpKernel {
 // that were not known when the graph was built (-1 in `output_shapes`), in order;
 // and `library`, the library's path (a tensor, so that a SavedModel asset can
 // give it).
+template <typename Placement>
 class TVMDSOOpKernel : public CallKernel {
  public:
   explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
@@ -316,7 +404,7 @@ class TVMDSOOpKernel : public CallKernel {
         OP_REQUIRES_OK(ctx, shapes[i].AddDimWithStatus(size));
       }
     }
-    Call(ctx, *fn, num_in, shapes);
+    Call<Placement>(ctx, *fn, num_in, shapes);
   }
 
  private:
@@ -328,6 +416,7 @@ class TVMDSOOpKernel : public CallKernel {
 // TvmDsoOp, the op of TVM 0.7-0.19's tvm.contrib.tf_op, kept so that graphs it
 // wrote run unchanged: the output shape is the static attr when there is one, else
 // the `dynamic_output_shape` input when it is a vector, else the first input's.
+template <typename Placement>
 class LegacyTvmDsoOpKernel : public CallKernel {
  public:
   explicit LegacyTvmDsoOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
@@ -362,7 +451,7 @@ class LegacyTvmDsoOpKernel : public CallKernel {
                                           ": no output shape and no input to take it from"));
       shape = ctx->input(0).shape();
     }
-    Call(ctx, *fn_, num_in, {shape});
+    Call<Placement>(ctx, *fn_, num_in, {shape});
   }
 
  private:
@@ -474,7 +563,22 @@ REGISTER_OP("TvmDsoOp")
     .Attr("has_static_output_shape: bool")
     .SetShapeFn(LegacyTvmDsoOpShape);
 
-REGISTER_KERNEL_BUILDER(Name("TVMDSOOp").Device(tensorflow::DEVICE_CPU), TVMDSOOpKernel);
-REGISTER_KERNEL_BUILDER(Name("TvmDsoOp").Device(tensorflow::DEVICE_CPU), LegacyTvmDsoOpKernel);
+REGISTER_KERNEL_BUILDER(Name("TVMDSOOp").Device(tensorflow::DEVICE_CPU),
+                        TVMDSOOpKernel<CpuPlacement>);
+REGISTER_KERNEL_BUILDER(Name("TvmDsoOp").Device(tensorflow::DEVICE_CPU),
+                        LegacyTvmDsoOpKernel<CpuPlacement>);
+
+// The GPU kernels need no CUDA toolkit to build: TF's stream executor headers
+// give the stream, and TVM launches the CUDA work. Shapes and the library path
+// stay in host memory, so reading them needs no device-to-host copy.
+REGISTER_KERNEL_BUILDER(Name("TVMDSOOp")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("output_dims")
+                            .HostMemory("library"),
+                        TVMDSOOpKernel<GpuPlacement>);
+REGISTER_KERNEL_BUILDER(Name("TvmDsoOp")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("dynamic_output_shape"),
+                        LegacyTvmDsoOpKernel<GpuPlacement>);
 
 }  // namespace tvmdsoop

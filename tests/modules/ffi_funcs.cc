@@ -2,6 +2,7 @@
 // cannot produce: complex dtypes, pointer probes, deliberate errors, scalars.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
 #include <tvm/ffi/string.h>
@@ -70,8 +71,17 @@ void Fill(TensorView x, double value) {
   for (int64_t i = 0; i < NumElements(x); ++i) data[i] = static_cast<float>(value);
 }
 
+// out[0] = the stream TVM hands kernels for a device: what a caller set with
+// TVMFFIEnvSetStream. Lets CPU-only tests check the stream plumbing of GPU calls.
+void CurrentStream(TensorView out, int64_t device_type, int64_t device_id) {
+  CheckDtype(out, kDLInt, 64, "int64");
+  *static_cast<int64_t*>(out.data_ptr()) = reinterpret_cast<int64_t>(
+      TVMFFIEnvGetStream(static_cast<int32_t>(device_type), static_cast<int32_t>(device_id)));
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(current_stream, CurrentStream);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_int, AddInt);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, Scale);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(negate, Negate);
