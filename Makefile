@@ -3,6 +3,7 @@
 # make build  the op library, build/libtvm_dso_op.so
 # make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
+# make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -11,7 +12,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-go test-python go-examples run-go-examples demo bench clean
+.PHONY: all setup build test test-go test-python test-gpu go-examples run-go-examples demo bench clean
 
 all: build
 
@@ -51,6 +52,11 @@ run-go-examples:
 
 test-python:
 	$(PYTHON) -m pytest -q tests/python
+
+# Everything it runs is in build/gpu/: on a GPU machine without the .venv, run
+# build/gpu/stream_harness build/gpu/libtvm_ffi.so build/gpu/cuda_funcs.so
+test-gpu: build
+	$(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/cuda_funcs.so
 
 demo: build
 	$(PYTHON) examples/demo.py

@@ -1,0 +1,51 @@
+"""TVMDSOOp on a GPU, through TensorFlow. Runs only with a GPU build of
+TensorFlow and a visible GPU (docs/gpu.md says how); skipped elsewhere. The GPU
+path without TensorFlow is proven by `make test-gpu`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_op
+
+pytestmark = pytest.mark.skipif(
+    not tf.config.list_physical_devices("GPU"), reason="needs a GPU build of TensorFlow and a GPU"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cuda_lib(tmp_path_factory: pytest.TempPathFactory) -> tf_op.Module:
+    out = tmp_path_factory.mktemp("gpu") / "cuda_funcs.so"
+    subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "build_cuda_funcs.py"), str(out)], check=True)
+    return tf_op.Module(out)
+
+
+def test_values_on_the_gpu(cuda_lib: tf_op.Module) -> None:
+    with tf.device("/GPU:0"):
+        x = tf.random.uniform([1 << 20])
+        y = cuda_lib.func("add_one")(x)
+    assert "GPU" in y.device
+    np.testing.assert_array_equal(y.numpy(), x.numpy() + 1)
+
+
+def test_ordered_after_tf_work_on_the_stream(cuda_lib: tf_op.Module) -> None:
+    """A long TF computation feeds the op; no synchronisation between them."""
+    add_one = cuda_lib.func("add_one")
+
+    @tf.function
+    def f() -> tf.Tensor:
+        with tf.device("/GPU:0"):
+            x = tf.zeros([1 << 22])
+            for _ in range(50):  # a chain of kernels on TF's stream
+                x = tf.sqrt(x * x + 1.0)
+            return add_one(x)
+
+    np.testing.assert_allclose(f().numpy(), np.sqrt(50.0) + 1, rtol=1e-5)
