@@ -17,7 +17,7 @@ static struct {
   int (*object_dec_ref)(TVMFFIObjectHandle);
   void (*error_move_from_raised)(TVMFFIObjectHandle*);
   int (*env_set_stream)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
-  TVMFFIObjectHandle module_load_from_file;  // ffi.ModuleLoadFromFile
+  TVMFFIObjectHandle load_shared_library;    // ffi.Module.load_from_file.so
   TVMFFIObjectHandle module_get_function;    // ffi.ModuleGetFunction
 } api;
 
@@ -109,7 +109,10 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
     set_error(err, "RuntimeError", "cannot open the TVM runtime: %s", dlerror());
     goto fail;
   }
-  if (get_global("ffi.ModuleLoadFromFile", &api.module_load_from_file, err) != 0) goto fail;
+  // TVM's own loader for shared libraries, the one ffi.ModuleLoadFromFile picks
+  // for a ".so" name. Called directly, so that the file name does not decide:
+  // SavedModel assets may be renamed ("lib.so_1"), and sonames carry versions.
+  if (get_global("ffi.Module.load_from_file.so", &api.load_shared_library, err) != 0) goto fail;
   if (get_global("ffi.ModuleGetFunction", &api.module_get_function, err) != 0) goto fail;
   ready = 1;
   pthread_mutex_unlock(&init_mu);
@@ -145,14 +148,16 @@ static void release_any(TVMFFIAny* value) {
 }
 
 int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err) {
-  TVMFFIAny arg = {0};
-  arg.type_index = kTVMFFIRawStr;
-  arg.v_c_str = path;
+  TVMFFIAny args[2] = {{0}, {0}};
+  args[0].type_index = kTVMFFIRawStr;
+  args[0].v_c_str = path;
+  args[1].type_index = kTVMFFIRawStr;
+  args[1].v_c_str = "so";
   TVMFFIAny result;
-  if (call_raw(api.module_load_from_file, &arg, 1, &result, err) != 0) return -1;
+  if (call_raw(api.load_shared_library, args, 2, &result, err) != 0) return -1;
   if (result.type_index != kTVMFFIModule) {
     release_any(&result);
-    return set_error(err, "TypeError", "ffi.ModuleLoadFromFile(%s) did not return a module", path);
+    return set_error(err, "TypeError", "loading %s did not give a module", path);
   }
   *out = result.v_obj;
   return 0;

@@ -43,8 +43,9 @@ typedef struct {
   TVMFFISafeCallType safe_call;
 } DsoopFunction;
 
-// Loads a module through TVM's own loader (ffi.ModuleLoadFromFile). On success
-// *out holds a new reference to the module object.
+// Loads a shared library as a module through TVM's own loader
+// (ffi.Module.load_from_file.so, whatever the file's name). On success *out holds
+// a new reference to the module object.
 int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err);
 
 // Looks a function up in a module (and its imports). Returns 1 when found (out

@@ -162,6 +162,16 @@ func TestErrors(t *testing.T) {
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), path)
 	})
+	t.Run("not a regular file", func(t *testing.T) {
+		_, err := dsoop.Open("/dev/zero") // hashing it would never end
+		assert.ErrorContains(t, err, "not a regular file")
+	})
+	t.Run("NUL bytes", func(t *testing.T) {
+		_, err := dsoop.Open(testLib + "\x00junk")
+		assert.ErrorContains(t, err, "NUL")
+		_, err = m.Func("add_one\x00junk")
+		assert.ErrorContains(t, err, "bad function name")
+	})
 	t.Run("unknown function", func(t *testing.T) {
 		_, err := m.Func("no_such_function")
 		require.ErrorIs(t, err, dsoop.ErrFunctionNotFound)

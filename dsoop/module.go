@@ -56,6 +56,9 @@ var (
 
 // Open loads the TVM module at path, or shares the one already loaded from it.
 func Open(path string) (*Module, error) {
+	if strings.ContainsRune(path, 0) {
+		return nil, fmt.Errorf("dsoop: library path %q holds a NUL byte", path)
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %q: %w", path, err)
@@ -78,8 +81,9 @@ func Open(path string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
-	if st.IsDir() {
-		return nil, fmt.Errorf("dsoop: library %s is a directory", abs)
+	if !st.Mode().IsRegular() {
+		// A directory, a device or a FIFO: reading one to hash it could block forever.
+		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
 	}
 	digest, err := fileSHA256(abs)
 	if err != nil {
@@ -147,6 +151,9 @@ func checkAllowed(path, allowed string) error {
 
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {
+	if name == "" || strings.ContainsRune(name, 0) {
+		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
+	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {

@@ -89,8 +89,8 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   const size_t rounded = (size + a - 1) / a * a;  // aligned_alloc wants a multiple
   out->reset(static_cast<char*>(std::aligned_alloc(a, rounded == 0 ? a : rounded)));
   if (*out == nullptr) {
-    return errors::ResourceExhausted("TVMDSOOp: cannot allocate ", size,
-                                     " bytes of aligned scratch memory");
+    return errors::ResourceExhausted("cannot allocate ", size, " bytes of scratch memory aligned to ",
+                                     alignment, " bytes (the buffer TF gave is not so aligned)");
   }
   return Status();
 }
@@ -189,6 +189,8 @@ class CallKernel : public OpKernel {
  public:
   explicit CallKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("func_name", &func_name_));
+    OP_REQUIRES(ctx, !func_name_.empty() && func_name_.find('\0') == std::string::npos,
+                errors::InvalidArgument(type_string(), ": bad function name '", func_name_, "'"));
   }
 
   ~CallKernel() override {
@@ -236,6 +238,8 @@ class CallKernel : public OpKernel {
     return Status();
   }
 
+  const std::string& func_name() const { return func_name_; }
+
   // Names the call in messages: the function and the library it comes from.
   std::string Where(absl::string_view lib_path) const {
     return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
@@ -268,7 +272,11 @@ class CallKernel : public OpKernel {
       const bool is_input = i < num_in;
       Tensor* out = nullptr;
       if (!is_input) {
-        OP_REQUIRES_OK(ctx, ctx->allocate_output(i - num_in, out_shapes[i - num_in], &out));
+        const Status allocated = ctx->allocate_output(i - num_in, out_shapes[i - num_in], &out);
+        OP_REQUIRES(ctx, allocated.ok(),
+                    Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
+                                                          out_shapes[i - num_in].DebugString(), ": ",
+                                                          allocated.message())));
       }
       const Tensor& t = is_input ? ctx->input(i) : *out;
       DLTensor& dl = tensors[i];
@@ -280,7 +288,10 @@ class CallKernel : public OpKernel {
       const size_t size = t.TotalBytes();
       if (size > 0 && !IsAligned(data, alignment_)) {
         char* aligned = nullptr;
-        OP_REQUIRES_OK(ctx, placement.Scratch(ctx, size, alignment_, &aligned));
+        const Status got = placement.Scratch(ctx, size, alignment_, &aligned);
+        OP_REQUIRES(ctx, got.ok(),
+                    Status(got.code(), absl::StrCat(where, ": ", ArgName(i, num_in), ": ",
+                                                    got.message())));
         if (is_input) {
           OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
         } else {
@@ -356,11 +367,16 @@ class TVMDSOOpKernel : public CallKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_sha256", &lib_sha256_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
     OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
-                errors::InvalidArgument(name(), ": alignment must be a power of two, got ",
+                errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                        "': alignment must be a power of two, got ",
                                         alignment_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+    const Status shapes_read = ctx->GetAttr("output_shapes", &output_shapes_);
+    OP_REQUIRES(ctx, shapes_read.ok(),
+                errors::InvalidArgument(type_string(), ": function '", func_name(), "': output_shapes: ",
+                                        shapes_read.message()));
     OP_REQUIRES(ctx, static_cast<int>(output_shapes_.size()) == num_outputs(),
-                errors::InvalidArgument(name(), ": ", output_shapes_.size(),
+                errors::InvalidArgument(type_string(), ": function '", func_name(), "': ",
+                                        output_shapes_.size(),
                                         " output shapes for ", num_outputs(), " output dtypes"));
     for (const PartialTensorShape& s : output_shapes_) {
       for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
@@ -371,9 +387,13 @@ class TVMDSOOpKernel : public CallKernel {
     const int num_in = ctx->num_inputs() - 2;  // then output_dims and library
     const Tensor& library = ctx->input(num_in + 1);
     OP_REQUIRES(ctx, library.dims() == 0,
-                errors::InvalidArgument(name(), ": library must be a scalar string, got shape ",
+                errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                        "': library must be a scalar string, got shape ",
                                         library.shape().DebugString()));
     const tensorflow::tstring& lib_path = library.scalar<tensorflow::tstring>()();
+    OP_REQUIRES(ctx, std::memchr(lib_path.data(), 0, lib_path.size()) == nullptr,
+                errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                        "': the library path holds a NUL byte"));
     const Resolved* fn = nullptr;
     OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
                                     lib_sha256_, &fn));
@@ -401,7 +421,9 @@ class TVMDSOOpKernel : public CallKernel {
         OP_REQUIRES(ctx, size >= 0,
                     errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
                                             "; sizes must be >= 0"));
-        OP_REQUIRES_OK(ctx, shapes[i].AddDimWithStatus(size));
+        const Status added = shapes[i].AddDimWithStatus(size);
+        OP_REQUIRES(ctx, added.ok(),
+                    errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
       }
     }
     Call<Placement>(ctx, *fn, num_in, shapes);
@@ -429,7 +451,10 @@ class LegacyTvmDsoOpKernel : public CallKernel {
     for (int64_t d : dims) {
       OP_REQUIRES(ctx, d >= 0,
                   errors::InvalidArgument(Where(lib_path), ": static_output_shape has size ", d));
-      static_output_shape_.AddDim(d);
+      const Status added = static_output_shape_.AddDimWithStatus(d);
+      OP_REQUIRES(ctx, added.ok(),
+                  errors::InvalidArgument(Where(lib_path), ": static_output_shape: ",
+                                          added.message()));
     }
   }
 
@@ -443,7 +468,9 @@ class LegacyTvmDsoOpKernel : public CallKernel {
       for (int64_t d : absl::MakeConstSpan(dynamic.flat<int64_t>().data(), dynamic.NumElements())) {
         OP_REQUIRES(ctx, d >= 0,
                     errors::InvalidArgument(fn_->where, ": dynamic_output_shape has size ", d));
-        OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(d));
+        const Status added = shape.AddDimWithStatus(d);
+        OP_REQUIRES(ctx, added.ok(),
+                    errors::InvalidArgument(fn_->where, ": dynamic_output_shape: ", added.message()));
       }
     } else {
       OP_REQUIRES(ctx, num_in > 0,
@@ -464,7 +491,7 @@ Status TVMDSOOpShape(InferenceContext* c) {
   std::vector<PartialTensorShape> shapes;
   TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
   if (static_cast<int>(shapes.size()) != c->num_outputs()) {
-    return errors::InvalidArgument("TVMDSOOp: ", shapes.size(), " output shapes for ",
+    return errors::InvalidArgument("", shapes.size(), " output shapes for ",
                                    c->num_outputs(), " output dtypes");
   }
   const int num_in = c->num_inputs() - 2;
@@ -485,7 +512,7 @@ Status TVMDSOOpShape(InferenceContext* c) {
       if (size < 0 && dim_values != nullptr && next_dynamic < dim_values->NumElements()) {
         size = dim_values->flat<int64_t>()(next_dynamic);
         if (size < 0) {
-          return errors::InvalidArgument("TVMDSOOp: output ", i, " dimension ", d, " is ", size,
+          return errors::InvalidArgument("output ", i, " dimension ", d, " is ", size,
                                          "; sizes must be >= 0");
         }
       }
@@ -497,6 +524,16 @@ Status TVMDSOOpShape(InferenceContext* c) {
   return Status();
 }
 
+// TVMDSOOpShape, with the function named in its errors.
+Status TVMDSOOpShapeWithContext(InferenceContext* c) {
+  const Status status = TVMDSOOpShape(c);
+  if (status.ok()) return status;
+  std::string func_name;
+  TF_RETURN_IF_ERROR(c->GetAttr("func_name", &func_name));
+  return Status(status.code(), absl::StrCat("TVMDSOOp: function '", func_name, "': ",
+                                            status.message()));
+}
+
 Status LegacyTvmDsoOpShape(InferenceContext* c) {
   bool has_static = false;
   TF_RETURN_IF_ERROR(c->GetAttr("has_static_output_shape", &has_static));
@@ -505,7 +542,10 @@ Status LegacyTvmDsoOpShape(InferenceContext* c) {
     std::vector<int64_t> dims;
     TF_RETURN_IF_ERROR(c->GetAttr("static_output_shape", &dims));
     std::vector<tensorflow::shape_inference::DimensionHandle> handles;
-    for (int64_t d : dims) handles.push_back(c->MakeDim(d));
+    for (int64_t d : dims) {
+      if (d < 0) return errors::InvalidArgument("TvmDsoOp: static_output_shape has size ", d);
+      handles.push_back(c->MakeDim(d));
+    }
     c->set_output(0, c->MakeShape(handles));
     return Status();
   }
@@ -535,7 +575,7 @@ REGISTER_OP("TVMDSOOp")
     .Attr("lib_sha256: string = ''")
     .Attr("output_shapes: list(shape)")
     .Attr("alignment: int = 64")
-    .SetShapeFn(TVMDSOOpShape)
+    .SetShapeFn(TVMDSOOpShapeWithContext)
     .Doc(R"doc(
 Calls function `func_name` of the TVM module at path `library` with the inputs,
 then the outputs, as DLTensors (TVM's destination-passing convention).

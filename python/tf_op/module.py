@@ -46,12 +46,28 @@ class Module(tf.Module):
 
     def __init__(self, lib_path: str | os.PathLike[str], sha256: str | None = None) -> None:
         super().__init__()
-        self.lib_path = os.path.abspath(os.fspath(lib_path))
-        if sha256 is None:
-            sha256 = _file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else ""
-        self.sha256 = sha256.lower()
+        path = os.fspath(lib_path)
+        if "\0" in path:
+            raise ValueError(f"tf_op: library path {path!r} holds a NUL byte")
+        self.lib_path = os.path.abspath(path)
+        # None until the file exists: taken at the latest when a function first runs.
+        self._sha256 = sha256.lower() if sha256 is not None else self._digest_if_present()
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
+
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 (hex) the op requires of the library; "" for none.
+
+        Taken from the file when the Module is made or, if it did not exist yet,
+        when a function of it first runs; if it still does not exist, the op
+        reports it missing."""
+        if self._sha256 is None:
+            self._sha256 = self._digest_if_present()
+        return self._sha256 or ""
+
+    def _digest_if_present(self) -> str | None:
+        return _file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
 
     @property
     def library_path(self) -> tf.Tensor:
@@ -105,6 +121,10 @@ class Module(tf.Module):
 OpModule = Module
 
 
+#: The largest alignment accepted (1 GiB): beyond any hardware's need.
+_MAX_ALIGNMENT = 1 << 30
+
+
 @dataclasses.dataclass(frozen=True)
 class _Outputs:
     """A function's output declarations, kept apart from tf.Module's tracking."""
@@ -135,10 +155,13 @@ class Func(tf.Module):
         super().__init__()
         self.module = module
         self.func_name = name
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"tf_op: function name must be a non-empty string, got {name!r}")
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-            raise ValueError(f"tf_op: {self}: alignment must be a power of two, got {alignment!r}")
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise ValueError(f"tf_op: function name must be a non-empty string without NUL bytes, got {name!r}")
+        if not _is_int(alignment) or not 1 <= alignment <= _MAX_ALIGNMENT or alignment & (alignment - 1):
+            raise ValueError(
+                f"tf_op: {self}: alignment must be a power of two from 1 to {_MAX_ALIGNMENT}, got {alignment!r}"
+            )
+        alignment = int(alignment)
         self.multiple_outputs = output_shapes is not None or output_dtypes is not None
         if self.multiple_outputs:
             if output_shape is not None or output_dtype is not None:

@@ -4,7 +4,10 @@ alignment and zero copy, threads, and graphs written for the old TvmDsoOp."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import threading
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -366,3 +369,77 @@ def test_legacy_graphdef_runs_unchanged(testlib: str, func_name, shape_input, st
         with tf.compat.v1.Session(graph=g) as sess:
             out = sess.run("tvm:0", feed_dict={"x:0": x})
     np.testing.assert_array_equal(out, expected(x))
+
+
+# --- inputs found by review: none may hang, abort or be silently changed ----------
+
+
+@pytest.mark.parametrize("name", ["lib.so.1", "LIB.SO", "noextension", "lib.so_1"])
+def test_library_file_name_does_not_matter(tmp_path, testlib: str, name: str) -> None:
+    # SavedModel assets get renamed ("lib.so_1"), sonames carry versions.
+    copy = tmp_path / name
+    copy.write_bytes(Path(testlib).read_bytes())
+    np.testing.assert_array_equal(tf_op.Module(copy).func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+
+
+def test_non_regular_file_is_refused_not_read(tmp_path) -> None:
+    fifo = tmp_path / "fifo.so"
+    os.mkfifo(fifo)  # hashing it would block forever
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
+        tf_op.Module(fifo).func("add_one")(tf.constant([1.0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
+        tf_op.Module("/dev/zero").func("add_one")(tf.constant([1.0]))
+
+
+def test_nul_bytes_are_refused(testlib: str, mod: tf_op.Module) -> None:
+    with pytest.raises(ValueError, match="NUL"):
+        tf_op.Module(testlib + "\x00junk")
+    with pytest.raises(ValueError, match="NUL"):
+        mod.func("add_one\x00junk")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NUL"):
+        tf_op.ops().tvmdso_op(
+            args=[tf.constant([1.0])], output_dims=tf.zeros([0], tf.int64), library=testlib + "\x00/evil",
+            Tout=[tf.float32], output_shapes=[tf.TensorShape(None)], func_name="add_one",
+        )
+
+
+@pytest.mark.parametrize("alignment", [np.int64(64), np.int32(128)])
+def test_numpy_int_alignment(mod: tf_op.Module, alignment: int) -> None:
+    np.testing.assert_array_equal(mod.func("add_one", alignment=alignment)(tf.constant([1.0])).numpy(), [2.0])
+
+
+@pytest.mark.parametrize("alignment", [2**31, 2**63])
+def test_absurd_alignment(mod: tf_op.Module, alignment: int) -> None:
+    with pytest.raises(ValueError, match="power of two from 1 to"):
+        mod.func("add_one", alignment=alignment)
+
+
+@pytest.mark.parametrize(
+    ("shape", "error"),
+    [
+        ([2**62], tf.errors.ResourceExhaustedError),
+        ([2**40, 2**40], tf.errors.InvalidArgumentError),
+        (tf.constant([2**40, 2**40], tf.int64), tf.errors.InvalidArgumentError),
+    ],
+)
+def test_huge_output_shapes_name_the_function(mod: tf_op.Module, shape, error: type) -> None:
+    with pytest.raises(error, match="add_one"):
+        mod.func("add_one", output_shape=shape)(tf.constant([1.0]))
+
+
+def test_sha256_taken_when_the_library_appears_later(tmp_path, testlib: str) -> None:
+    path = tmp_path / "later.so"
+    module = tf_op.Module(path)  # does not exist yet
+    path.write_bytes(Path(testlib).read_bytes())
+    np.testing.assert_array_equal(module.func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+    assert module.sha256 == hashlib.sha256(Path(testlib).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("static_shape", [[-3], [2**40, 2**40]])
+def test_legacy_bad_static_shape_is_an_error_not_an_abort(testlib: str, static_shape: list[int]) -> None:
+    graph_def = legacy_graph(testlib, "add_one", np.int64(0), static_shape)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="static_output_shape"):
+        with tf.Graph().as_default() as g:
+            tf.graph_util.import_graph_def(graph_def, name="")
+            with tf.compat.v1.Session(graph=g) as sess:
+                sess.run("tvm:0", feed_dict={"x:0": np.zeros(4, np.float32)})

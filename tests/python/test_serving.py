@@ -197,3 +197,44 @@ def test_keras_layer_carries_its_library(tmp_path: Path, testlib: str) -> None:
     done = run_python(load, str(tmp_path / "moved"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == str([[4.0] * 4] * 2)
+
+
+SAME_NAME_SCRIPT = textwrap.dedent(
+    """
+    import os, shutil, sys
+    import tensorflow as tf
+    import tf_op
+
+    root = sys.argv[2]
+    libs = []
+    for sub in ("a", "b"):
+        os.makedirs(os.path.join(root, sub))
+        libs.append(shutil.copy(sys.argv[1], os.path.join(root, sub, "lib.so")))
+    with open(libs[1], "ab") as f:  # other bytes (ELF loaders ignore a tail), so TF keeps both
+        f.write(b"tail")
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = tf_op.Module(libs[0]).func("add_one")
+            self.b = tf_op.Module(libs[1]).func("vector_add")
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def serve(self, x):
+            return self.a(x) + self.b(x, x)
+
+    tf.saved_model.save(Model(), sys.argv[3])
+    """
+)
+
+
+def test_two_libraries_with_one_file_name(tmp_path: Path, testlib: str) -> None:
+    """TF saves them as assets lib.so and lib.so_1; both must load."""
+    done = run_python(SAME_NAME_SCRIPT, testlib, str(tmp_path / "libs"), str(tmp_path / "model"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "model" / "assets").iterdir()) == ["lib.so", "lib.so_1"]
+    shutil.rmtree(tmp_path / "libs")
+    load = "import sys, tensorflow as tf, tf_op; print(tf.saved_model.load(sys.argv[1]).serve(tf.constant([1.0, 2.0])).numpy().tolist())"
+    done = run_python(load, str(tmp_path / "model"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[4.0, 7.0]"
