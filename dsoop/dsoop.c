@@ -22,7 +22,7 @@ static struct {
 } api;
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static int ready;  // written under init_mu, read after a successful init only
+static int ready;  // guarded by init_mu
 
 static char* copy_bytes(const char* data, size_t size) {
   char* s = (char*)malloc(size + 1);
@@ -121,13 +121,6 @@ fail:
   memset(&api, 0, sizeof(api));
   pthread_mutex_unlock(&init_mu);
   return -1;
-}
-
-int dsoop_runtime_ready(void) {
-  pthread_mutex_lock(&init_mu);
-  int r = ready;
-  pthread_mutex_unlock(&init_mu);
-  return r;
 }
 
 // Calls a function object through its cell's safe_call; the result is left in *result.

@@ -33,9 +33,6 @@ void dsoop_error_clear(DsoopError* err);
 // calls after a success do nothing and return 0.
 int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
 
-// Whether dsoop_runtime_init has succeeded.
-int dsoop_runtime_ready(void);
-
 // A TVM-FFI function with its call pointer resolved once, so a call is one
 // indirect call. Holds one reference to the function object.
 typedef struct {

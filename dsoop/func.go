@@ -63,60 +63,20 @@ var ErrClosed = errors.New("dsoop: closed")
 // (from dlpack.FromSlice) is pinned for the duration of the call, and foreign
 // memory (C, mmap, device) is passed as it is.
 func (f *Func) Call(args ...any) error {
-	_, err := f.call(args, false)
-	return err
+	return f.invoke(args, func(cargs *C.TVMFFIAny, n C.int32_t, cerr *C.DsoopError) C.int {
+		return C.dsoop_function_call(&f.ref.fn, cargs, n, cerr)
+	})
 }
 
 // CallValue calls the function and returns what it returned: nil, int64,
 // float64, bool or string.
 func (f *Func) CallValue(args ...any) (any, error) {
-	return f.call(args, true)
-}
-
-// CallOn calls the function with TVM's current stream for device set to stream
-// (a CUstream, for CUDA), restoring the previous one after. TVM kernels launch on
-// that stream, ordered after the work already queued there, with no
-// synchronisation: the call may return before the device has finished.
-func (f *Func) CallOn(device dlpack.Device, stream unsafe.Pointer, args ...any) error {
-	f.ref.mu.RLock()
-	defer f.ref.mu.RUnlock()
-	if f.ref.closed {
-		return fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
-	}
-	packed, err := packArgs(args)
-	if err != nil {
-		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
-	}
-	defer packed.free()
-	var cerr C.DsoopError
-	if C.dsoop_function_call_on_stream(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)),
-		C.int32_t(device.Type), C.int32_t(device.ID), stream, &cerr) != 0 {
-		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
-	}
-	return nil
-}
-
-func (f *Func) call(args []any, wantValue bool) (any, error) {
-	f.ref.mu.RLock()
-	defer f.ref.mu.RUnlock()
-	if f.ref.closed {
-		return nil, fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
-	}
-	packed, err := packArgs(args)
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
-	}
-	defer packed.free()
-	var cerr C.DsoopError
-	if !wantValue {
-		if C.dsoop_function_call(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)), &cerr) != 0 {
-			return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
-		}
-		return nil, nil
-	}
 	var out C.DsoopValue
-	if C.dsoop_function_call_value(&f.ref.fn, packed.cArgs(), C.int32_t(len(args)), &out, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
+	err := f.invoke(args, func(cargs *C.TVMFFIAny, n C.int32_t, cerr *C.DsoopError) C.int {
+		return C.dsoop_function_call_value(&f.ref.fn, cargs, n, &out, cerr)
+	})
+	if err != nil {
+		return nil, err
 	}
 	switch out.type_index {
 	case C.kTVMFFIInt:
@@ -133,6 +93,37 @@ func (f *Func) call(args []any, wantValue bool) (any, error) {
 	}
 }
 
+// CallOn calls the function with TVM's current stream for device set to stream
+// (a CUstream, for CUDA), restoring the previous one after. TVM kernels launch on
+// that stream, ordered after the work already queued there, with no
+// synchronisation: the call may return before the device has finished.
+func (f *Func) CallOn(device dlpack.Device, stream unsafe.Pointer, args ...any) error {
+	return f.invoke(args, func(cargs *C.TVMFFIAny, n C.int32_t, cerr *C.DsoopError) C.int {
+		return C.dsoop_function_call_on_stream(&f.ref.fn, cargs, n,
+			C.int32_t(device.Type), C.int32_t(device.ID), stream, cerr)
+	})
+}
+
+// invoke packs args and runs call on them, holding the function open for the
+// call and wrapping failures with the function and library.
+func (f *Func) invoke(args []any, call func(cargs *C.TVMFFIAny, n C.int32_t, cerr *C.DsoopError) C.int) error {
+	f.ref.mu.RLock()
+	defer f.ref.mu.RUnlock()
+	if f.ref.closed {
+		return fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
+	}
+	packed, err := packArgs(args)
+	if err != nil {
+		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
+	}
+	defer packed.free()
+	var cerr C.DsoopError
+	if call(packed.cArgs(), C.int32_t(len(args)), &cerr) != 0 {
+		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, takeError(&cerr))
+	}
+	return nil
+}
+
 // ffiAny mirrors TVMFFIAny (c_api.h), whose union cgo cannot reach: a type
 // index, 4 bytes of padding, then 8 bytes of value.
 type ffiAny struct {
@@ -141,11 +132,12 @@ type ffiAny struct {
 	value     uint64
 }
 
-func init() {
-	if unsafe.Sizeof(ffiAny{}) != C.sizeof_TVMFFIAny {
-		panic("dsoop: ffiAny does not match TVMFFIAny")
-	}
-}
+// A build-time check that ffiAny matches TVMFFIAny: a mismatch in either
+// direction makes the index out of range (or the constant overflow), so it is
+// caught by the compiler rather than at start-up inside a host process.
+const ffiAnySizeDifference = unsafe.Sizeof(ffiAny{}) - uintptr(C.sizeof_TVMFFIAny)
+
+var _ = [1]struct{}{}[ffiAnySizeDifference]
 
 // packedArgs is one call's arguments, in Go memory that C reads during the call:
 // the packed TVMFFIAny array, the DLTensors and their shapes, and NUL-terminated

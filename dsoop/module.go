@@ -85,7 +85,7 @@ func Open(path string) (*Module, error) {
 		// A directory, a device or a FIFO: reading one to hash it could block forever.
 		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
 	}
-	digest, err := fileSHA256(abs)
+	digest, err := FileSHA256(abs)
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
@@ -110,7 +110,8 @@ func (m *Module) Path() string { return m.entry.path }
 // SHA256 is the hex SHA-256 of the library file, read just before it was loaded.
 func (m *Module) SHA256() string { return m.entry.sha256 }
 
-func fileSHA256(path string) (string, error) {
+// FileSHA256 is the hex SHA-256 of a file's contents, read in a stream.
+func FileSHA256(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err

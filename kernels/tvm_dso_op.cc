@@ -227,7 +227,7 @@ class CallKernel : public OpKernel {
                                              const_cast<char*>(sha256.c_str()), &r->fn, &message);
     if (code != 0) {
       Status status(static_cast<absl::StatusCode>(code),
-                    absl::StrCat(Where(lib_path), ": ", message ? message : "unknown error"));
+                    absl::StrCat(r->where, ": ", message ? message : "unknown error"));
       std::free(message);
       return status;
     }

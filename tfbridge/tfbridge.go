@@ -10,16 +10,14 @@
 package tfbridge
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
 	// The TVMDSOOp kernels, registered by C++ static initialisers at start-up.
 	_ "github.com/tvmdsoop/tvmdsoop/kernels"
 )
@@ -48,9 +46,8 @@ func NewModule(path string) (*Module, error) {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
 	m := &Module{path: abs}
-	if data, err := os.ReadFile(abs); err == nil {
-		digest := sha256.Sum256(data)
-		m.sha256 = hex.EncodeToString(digest[:])
+	if digest, err := dsoop.FileSHA256(abs); err == nil {
+		m.sha256 = digest
 	}
 	return m, nil
 }

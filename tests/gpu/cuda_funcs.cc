@@ -22,13 +22,11 @@ using tvm::ffi::TensorView;
 // The few CUDA driver API entry points used, resolved from libcuda.so.1.
 using CUresult = int;
 using CUdevice = int;
-using CUcontext = void*;
 using CUmodule = void*;
 using CUfunction = void*;
 using CUstream = void*;
 
 struct Driver {
-  CUresult (*ctx_get_current)(CUcontext*);
   CUresult (*module_load_data)(CUmodule*, const void*);
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*);
   CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -114,7 +112,6 @@ Driver& GetDriver() {
   std::call_once(once, [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (lib == nullptr) return;
-    *reinterpret_cast<void**>(&driver.ctx_get_current) = dlsym(lib, "cuCtxGetCurrent");
     *reinterpret_cast<void**>(&driver.module_load_data) = dlsym(lib, "cuModuleLoadData");
     *reinterpret_cast<void**>(&driver.module_get_function) = dlsym(lib, "cuModuleGetFunction");
     *reinterpret_cast<void**>(&driver.launch_kernel) = dlsym(lib, "cuLaunchKernel");
@@ -135,35 +132,34 @@ void CheckCudaFloat(const TensorView& t, const char* name) {
   }
 }
 
-CUstream CurrentStream(const TensorView& t) {
-  return TVMFFIEnvGetStream(kDLCUDA, t.device().device_id);
+// Launches kernel over n elements (256 threads a block) on TVM's current stream
+// for the device of `on`.
+void Launch(CUfunction kernel, const char* name, unsigned n, const TensorView& on, void** params) {
+  CUstream stream = TVMFFIEnvGetStream(kDLCUDA, on.device().device_id);
+  CUDA_CHECK(GetDriver().launch_kernel(kernel, (n + 255) / 256, 1, 1, 256, 1, 1, 0, stream, params,
+                                       nullptr),
+             "launching " << name);
 }
 
 void AddOne(TensorView x, TensorView y) {
   CheckCudaFloat(x, "x");
   CheckCudaFloat(y, "y");
   if (x.size(0) != y.size(0)) TVM_FFI_THROW(ValueError) << "x and y differ in length";
-  Driver& cuda = GetDriver();
   void* x_ptr = x.data_ptr();
   void* y_ptr = y.data_ptr();
   unsigned n = static_cast<unsigned>(x.size(0));
   void* params[] = {&x_ptr, &y_ptr, &n};
-  CUDA_CHECK(cuda.launch_kernel(cuda.add_one, (n + 255) / 256, 1, 1, 256, 1, 1, 0,
-                                CurrentStream(x), params, nullptr),
-             "launching add_one");
+  Launch(GetDriver().add_one, "add_one", n, x, params);
 }
 
 void SlowFill(TensorView y, double value, int64_t cycles) {
   CheckCudaFloat(y, "y");
-  Driver& cuda = GetDriver();
   void* y_ptr = y.data_ptr();
   unsigned n = static_cast<unsigned>(y.size(0));
   unsigned long long spin = static_cast<unsigned long long>(cycles);
   float v = static_cast<float>(value);
   void* params[] = {&y_ptr, &n, &spin, &v};
-  CUDA_CHECK(cuda.launch_kernel(cuda.slow_fill, (n + 255) / 256, 1, 1, 256, 1, 1, 0,
-                                CurrentStream(y), params, nullptr),
-             "launching slow_fill");
+  Launch(GetDriver().slow_fill, "slow_fill", n, y, params);
 }
 
 }  // namespace
