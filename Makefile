@@ -54,9 +54,9 @@ test-python:
 	$(PYTHON) -m pytest -q tests/python
 
 # Everything it runs is in build/gpu/: on a GPU machine without the .venv, run
-# build/gpu/stream_harness build/gpu/libtvm_ffi.so build/gpu/cuda_funcs.so
+# build/gpu/stream_harness build/gpu/libtvm_ffi.so build/gpu/slow_fill.so build/gpu/tvm_add_one.so
 test-gpu: build
-	$(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/cuda_funcs.so
+	$(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/slow_fill.so $(BUILD)/gpu/tvm_add_one.so
 
 demo: build
 	$(PYTHON) examples/demo.py

@@ -123,6 +123,14 @@ fail:
   return -1;
 }
 
+int dsoop_load_extension(const char* path, DsoopError* err) {
+  // Never closed, like the runtime: modules keep pointers into it.
+  if (dlopen(path, RTLD_NOW | RTLD_LOCAL) == NULL) {
+    return set_error(err, "RuntimeError", "%s", dlerror());
+  }
+  return 0;
+}
+
 // Calls a function object through its cell's safe_call; the result is left in *result.
 static int call_raw(TVMFFIObjectHandle fn, const TVMFFIAny* args, int32_t n, TVMFFIAny* result,
                     DsoopError* err) {

@@ -33,6 +33,11 @@ void dsoop_error_clear(DsoopError* err);
 // calls after a success do nothing and return 0.
 int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
 
+// Opens a library that extends the runtime by registering functions when loaded
+// (TVM's device runtimes, libtvm_runtime_cuda.so) or that one of those needs. Opened
+// RTLD_LOCAL, as TVM's Python package does: its symbols stay private to it.
+int dsoop_load_extension(const char* path, DsoopError* err);
+
 // A TVM-FFI function with its call pointer resolved once, so a call is one
 // indirect call. Holds one reference to the function object.
 typedef struct {

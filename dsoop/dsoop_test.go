@@ -1,9 +1,11 @@
 package dsoop_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -18,8 +20,9 @@ import (
 )
 
 // The test libraries built by tests/modules/build_modules.py: testLib by
-// apache-tvm, ffiLib with tvm-ffi's C++ macros (scalars, errors, probes).
-var testLib, ffiLib string
+// apache-tvm, ffiLib with tvm-ffi's C++ macros (scalars, errors, probes), cudaLib
+// by apache-tvm for target cuda.
+var testLib, ffiLib, cudaLib string
 
 // TestMain builds the test functions with apache-tvm, in the project's venv (or
 // the Python named by TVMDSOOP_PYTHON). `make test` sets up both the venv and
@@ -35,6 +38,7 @@ func TestMain(m *testing.M) {
 	}
 	testLib = filepath.Join(dir, "testfuncs.so")
 	ffiLib = filepath.Join(dir, "ffifuncs.so")
+	cudaLib = filepath.Join(dir, "cudafuncs.so")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -203,6 +207,28 @@ func TestErrors(t *testing.T) {
 		require.NoError(t, f.Close())
 		assert.Error(t, f.Call(mustTensor(t, []float32{1}), mustTensor(t, make([]float32, 1))))
 	})
+}
+
+// A tvm.compile'd CUDA library needs TVM's CUDA runtime to load. Where that
+// cannot load (this CPU machine has no CUDA driver), the error says so and why.
+func TestCUDALibraryWithoutTheCUDARuntime(t *testing.T) {
+	_, err := dsoop.Open(cudaLib)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), cudaLib)
+	if !errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded) {
+		// A machine with a CUDA driver loads the runtime; the CUDA source this
+		// library carries then needs a compiler registered by TVM's Python package.
+		assert.Contains(t, err.Error(), "tvm_callback_cuda_compile")
+		return
+	}
+	assert.Contains(t, err.Error(), "load_from_bytes.cuda")
+	assert.Contains(t, err.Error(), "libtvm_runtime_cuda.so")
+	assert.Contains(t, err.Error(), "libcuda.so.1")
+	// The runtime is still usable.
+	f := openFunc(t, "add_one")
+	out := make([]float32, 1)
+	require.NoError(t, f.Call(mustTensor(t, []float32{1}), mustTensor(t, out)))
+	assert.Equal(t, []float32{2}, out)
 }
 
 func TestModuleOpenAndClose(t *testing.T) {

@@ -97,7 +97,7 @@ func Open(path string) (*Module, error) {
 	var handle C.TVMFFIObjectHandle
 	var cerr C.DsoopError
 	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, takeError(&cerr))
+		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, explainLoadError(takeError(&cerr)))
 	}
 	e := &moduleEntry{path: abs, sha256: digest, handle: handle, opens: 1}
 	modules[abs] = e

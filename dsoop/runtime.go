@@ -24,22 +24,38 @@ import (
 )
 
 // LibraryPathEnv names the environment variable listing the folders (separated by
-// ':') that hold libtvm_ffi.so and, for tvm.compile'd modules, libtvm_runtime.so.
-// The Python package sets it from the installed tvm_ffi and tvm packages when unset.
+// ':') that hold libtvm_ffi.so and, for tvm.compile'd modules, libtvm_runtime.so
+// (and, for CUDA modules, libtvm_runtime_cuda.so and the CUDA runtime it links).
+// The Python package sets it from the installed packages when unset.
 const LibraryPathEnv = "TVM_LIBRARY_PATH"
 
 const (
 	ffiLibraryName     = "libtvm_ffi.so"
 	runtimeLibraryName = "libtvm_runtime.so"
+	// TVM's CUDA runtime: it registers the loader of the CUDA code that
+	// tvm.compile'd modules embed (ffi.Module.load_from_bytes.cuda). apache-tvm
+	// ships it beside libtvm_runtime.so.
+	cudaRuntimeLibraryName = "libtvm_runtime_cuda.so"
+	// The CUDA runtime that apache-tvm 0.27's libtvm_runtime_cuda.so links, from
+	// the nvidia-cuda-runtime package, say. Its RUNPATH is only its own folder, so
+	// a copy found on the search path is opened first to satisfy it.
+	cudartLibraryName = "libcudart.so.13"
 )
 
 // ErrRuntimeNotFound means the TVM-FFI runtime library could not be opened.
 var ErrRuntimeNotFound = errors.New("TVM-FFI runtime (" + ffiLibraryName + ") not found")
 
+// ErrCUDARuntimeNotLoaded means a library holds CUDA code but TVM's CUDA runtime,
+// which loads such code, could not be opened (the error says why).
+var ErrCUDARuntimeNotLoaded = errors.New("TVM's CUDA runtime did not load")
+
 var (
 	initMu  sync.Mutex
 	initErr error
 	inited  bool
+	// Why TVM's CUDA runtime is not loaded (nil when it is); kept to explain a
+	// CUDA module that then fails to load. Written once, under initMu.
+	cudaRuntimeErr error
 )
 
 // Init opens the TVM-FFI runtime (and the TVM runtime when present) with
@@ -57,11 +73,11 @@ func Init() error {
 }
 
 func initRuntime() error {
-	ffiLib, runtimeLib, err := findLibraries(getenv(LibraryPathEnv))
+	libs, err := findLibraries(getenv(LibraryPathEnv))
 	if err != nil {
 		return err
 	}
-	cFFI, cRuntime := C.CString(ffiLib), C.CString(runtimeLib)
+	cFFI, cRuntime := C.CString(libs.ffi), C.CString(libs.runtime)
 	defer C.free(unsafe.Pointer(cFFI))
 	defer C.free(unsafe.Pointer(cRuntime))
 	var cerr C.DsoopError
@@ -69,32 +85,86 @@ func initRuntime() error {
 		err := takeError(&cerr)
 		return fmt.Errorf("dsoop: %w: %w", ErrRuntimeNotFound, err)
 	}
+	cudaRuntimeErr = loadCUDARuntime(libs)
 	return nil
+}
+
+// loadCUDARuntime opens TVM's CUDA runtime, best effort: CPU-only machines lack
+// the CUDA driver it links, and only CUDA modules need it.
+func loadCUDARuntime(libs libraries) error {
+	if libs.cudaRuntime == "" {
+		return fmt.Errorf("%s is not beside %s on %s", cudaRuntimeLibraryName, runtimeLibraryName, LibraryPathEnv)
+	}
+	if libs.cudart != "" {
+		if err := loadExtension(libs.cudart); err != nil {
+			return err
+		}
+	}
+	return loadExtension(libs.cudaRuntime)
+}
+
+func loadExtension(path string) error {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var cerr C.DsoopError
+	if C.dsoop_load_extension(cpath, &cerr) != 0 {
+		return fmt.Errorf("cannot open %s: %s", path, takeError(&cerr).Message)
+	}
+	return nil
+}
+
+// explainLoadError adds why TVM's CUDA runtime is missing to the error of a
+// library whose CUDA code found no loader; other errors pass unchanged.
+func explainLoadError(err *Error) error {
+	if !strings.Contains(err.Message, "load_from_bytes.cuda") {
+		return err
+	}
+	initMu.Lock()
+	defer initMu.Unlock()
+	if cudaRuntimeErr == nil {
+		return err
+	}
+	return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaRuntimeErr)
+}
+
+// libraries are the runtime libraries found on the search path; an empty name
+// is one not found.
+type libraries struct {
+	ffi, runtime, cudaRuntime, cudart string
 }
 
 // findLibraries picks the runtime libraries from the folders of searchPath. With
 // an empty search path it leaves the choice to the dynamic loader, which also finds
 // a libtvm_ffi.so that the process has already loaded (as `import tvm_ffi` does).
-func findLibraries(searchPath string) (ffiLib, runtimeLib string, err error) {
+// TVM's CUDA runtime is taken only from the folder of the TVM runtime it extends.
+func findLibraries(searchPath string) (libraries, error) {
 	if searchPath == "" {
-		return ffiLibraryName, "", nil
+		return libraries{ffi: ffiLibraryName}, nil
 	}
+	var libs libraries
 	for _, dir := range filepath.SplitList(searchPath) {
 		if dir == "" {
 			continue
 		}
-		if ffiLib == "" && isFile(filepath.Join(dir, ffiLibraryName)) {
-			ffiLib = filepath.Join(dir, ffiLibraryName)
+		found := func(name string, into *string) {
+			if *into == "" && isFile(filepath.Join(dir, name)) {
+				*into = filepath.Join(dir, name)
+			}
 		}
-		if runtimeLib == "" && isFile(filepath.Join(dir, runtimeLibraryName)) {
-			runtimeLib = filepath.Join(dir, runtimeLibraryName)
+		found(ffiLibraryName, &libs.ffi)
+		found(cudartLibraryName, &libs.cudart)
+		if libs.runtime == "" {
+			found(runtimeLibraryName, &libs.runtime)
+			if libs.runtime != "" {
+				found(cudaRuntimeLibraryName, &libs.cudaRuntime)
+			}
 		}
 	}
-	if ffiLib == "" {
-		return "", "", fmt.Errorf("dsoop: %w in %s=%s (install apache-tvm-ffi, or point %s at the folder holding %s)",
+	if libs.ffi == "" {
+		return libraries{}, fmt.Errorf("dsoop: %w in %s=%s (install apache-tvm-ffi, or point %s at the folder holding %s)",
 			ErrRuntimeNotFound, LibraryPathEnv, searchPath, LibraryPathEnv, ffiLibraryName)
 	}
-	return ffiLib, runtimeLib, nil
+	return libs, nil
 }
 
 // getenv reads the live C environment. Go's os.Getenv would not do here: in a

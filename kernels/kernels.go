@@ -95,7 +95,7 @@ func statusCode(err error) int {
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, dsoop.ErrFunctionNotFound):
 		return codeNotFound
-	case errors.Is(err, dsoop.ErrRuntimeNotFound):
+	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded):
 		return codeFailedPrecondition
 	case errors.Is(err, errWrongLibrary), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from pathlib import Path
@@ -10,10 +9,12 @@ from types import ModuleType
 
 import tensorflow as tf
 
+from .tvm_paths import tvm_library_path
+
 LIBRARY_NAME = "libtvm_dso_op.so"
 #: Names the op library to load instead of the one found next to the package.
 LIBRARY_ENV = "TVMDSOOP_LIBRARY"
-#: Folders holding libtvm_ffi.so and libtvm_runtime.so (read by the op library).
+#: Folders holding the TVM runtime libraries (read by the op library).
 TVM_LIBRARY_PATH_ENV = "TVM_LIBRARY_PATH"
 
 _lock = threading.Lock()
@@ -39,22 +40,6 @@ def library_path() -> Path:
         + " or ".join(str(c.parent) for c in candidates)
         + f"; build it with `make build` or set {LIBRARY_ENV}"
     )
-
-
-def tvm_library_path() -> str:
-    """The folders of the installed tvm_ffi and tvm packages' shared libraries.
-
-    Found without importing either package: `import tvm` would bring TVM's
-    compiler, and its LLVM, into the TensorFlow process.
-    """
-    folders = []
-    for package in ("tvm_ffi", "tvm"):
-        spec = importlib.util.find_spec(package)
-        if spec is not None and spec.submodule_search_locations:
-            folder = Path(list(spec.submodule_search_locations)[0]) / "lib"
-            if folder.is_dir():
-                folders.append(str(folder))
-    return os.pathsep.join(folders)
 
 
 def load() -> ModuleType:

@@ -1,19 +1,21 @@
 // stream_harness: the GPU path of TVMDSOOp proved without TensorFlow (no GPU build
 // of TF is at hand). It drives the launch code the TF GPU kernel uses,
 // dsoop_function_call_on_stream, on device buffers and a NON-BLOCKING stream (as
-// TF creates its streams), with a tvm-ffi CUDA library (cuda_funcs.so):
+// TF creates its streams), with TVM's own CUDA code: add_one compiled by apache-tvm
+// (TVM's kernel and TVM's launching host code, built by nvcc: tvm_add_one.so),
+// and a long-running kernel in a tvm-ffi library (slow_fill.so). It checks
 //
-//   1. values: add_one on the stream gives x + 1;
-//   2. ordering: a long kernel (slow_fill, ~0.2 s) queued first, our call next, a
-//      device-to-host copy last, with no synchronisation between them: our call
-//      must see the long kernel's output, and must return before it finishes;
-//   3. the hazard the old op had, shown for contrast: the same sequence with TVM
+//   1. values and ordering: slow_fill (0.2 s, then writes 41) queued first, TVM's
+//      add_one next, a device-to-host copy last, with no synchronisation between
+//      them: every value must be 42, and our calls must have returned while the
+//      long kernel still ran (no hidden synchronisation);
+//   2. the hazard the old op had, shown for contrast: the same sequence with TVM
 //      on CUDA's legacy default stream reads the buffer before it is written.
 //
-//   stream_harness LIBTVM_FFI.so CUDA_FUNCS.so
+//   stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so
 //
 // The CUDA driver is loaded at run time (no toolkit needed to build). Exit status
-// 0 when 1 and 2 hold, 1 when they do not, 2 when there is no GPU.
+// 0 when 1 holds, 1 when it does not, 2 when there is no GPU.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,11 +42,11 @@ static struct {
   CUresult (*mem_alloc)(CUdeviceptr*, size_t);
   CUresult (*memset_d32)(CUdeviceptr, unsigned, size_t);
   CUresult (*memcpy_dtoh_async)(void*, CUdeviceptr, size_t, CUstream);
-  CUresult (*device_get_attribute)(int*, int, CUdevice);
 } cu;
 
-enum { kNonBlocking = 1, kNotReady = 600, kClockRateAttribute = 13 };
+enum { kNonBlocking = 1, kNotReady = 600 };
 enum { kN = 1 << 20 };
+static const long long kSlowFillNanoseconds = 200 * 1000 * 1000;
 
 static int check(CUresult rc, const char* what) {
   if (rc != 0) fprintf(stderr, "stream_harness: %s: CUDA error %d\n", what, rc);
@@ -66,7 +68,6 @@ static int load_driver(void) {
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(memset_d32, "cuMemsetD32_v2");
   SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");
-  SYM(device_get_attribute, "cuDeviceGetAttribute");
 #undef SYM
   return cu.init != NULL && cu.memcpy_dtoh_async != NULL;
 }
@@ -91,7 +92,7 @@ static void set_tensor(DLTensor* t, TVMFFIAny* arg, CUdeviceptr data, int64_t* s
 // *returned_early tells whether our calls returned while the long kernel ran.
 static int run_sequence(const DsoopFunction* slow_fill, const DsoopFunction* add_one,
                         CUstream stream, CUstream copy_stream, CUdeviceptr a, CUdeviceptr b,
-                        long long cycles, float* host, int* returned_early) {
+                        float* host, int* returned_early) {
   int64_t shape[1] = {kN};
   DLTensor ta, tb;
   TVMFFIAny fill_args[3], add_args[2];
@@ -106,7 +107,7 @@ static int run_sequence(const DsoopFunction* slow_fill, const DsoopFunction* add
   fill_args[1].v_float64 = 41.0;
   fill_args[2].type_index = kTVMFFIInt;
   fill_args[2].zero_padding = 0;
-  fill_args[2].v_int64 = cycles;
+  fill_args[2].v_int64 = kSlowFillNanoseconds;
   set_tensor(&ta, &add_args[0], a, shape);
   set_tensor(&tb, &add_args[1], b, shape);
   if (dsoop_function_call_on_stream(slow_fill, fill_args, 3, kDLCUDA, 0, copy_stream, &err) != 0 ||
@@ -123,9 +124,23 @@ static int run_sequence(const DsoopFunction* slow_fill, const DsoopFunction* add
   return 1;
 }
 
+// Loads `name` from the library at `path` into *fn.
+static int load_function(const char* path, const char* name, DsoopFunction* fn) {
+  DsoopError err = {NULL, NULL};
+  TVMFFIObjectHandle module = NULL;
+  if (dsoop_module_load(path, &module, &err) != 0 ||
+      dsoop_module_get_function(module, name, fn, &err) != 1) {
+    fprintf(stderr, "stream_harness: %s from %s: %s: %s\n", name, path, err.kind ? err.kind : "",
+            err.message ? err.message : "function missing");
+    dsoop_error_clear(&err);
+    return 0;
+  }
+  return 1;  // the module stays loaded: fn holds a reference into it
+}
+
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: stream_harness LIBTVM_FFI.so CUDA_FUNCS.so\n");
+  if (argc != 4) {
+    fprintf(stderr, "usage: stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so\n");
     return 1;
   }
   CUdevice device;
@@ -139,39 +154,35 @@ int main(int argc, char** argv) {
     return 1;
   }
   DsoopError err = {NULL, NULL};
-  TVMFFIObjectHandle module = NULL;
-  DsoopFunction add_one, slow_fill;
-  if (dsoop_runtime_init(argv[1], "", &err) != 0 || dsoop_module_load(argv[2], &module, &err) != 0 ||
-      dsoop_module_get_function(module, "add_one", &add_one, &err) != 1 ||
-      dsoop_module_get_function(module, "slow_fill", &slow_fill, &err) != 1) {
-    fprintf(stderr, "stream_harness: loading %s: %s: %s\n", argv[2], err.kind ? err.kind : "",
-            err.message ? err.message : "function missing");
+  if (dsoop_runtime_init(argv[1], "", &err) != 0) {
+    fprintf(stderr, "stream_harness: %s: %s\n", err.kind, err.message);
+    return 1;
+  }
+  DsoopFunction slow_fill, add_one;
+  if (!load_function(argv[2], "slow_fill", &slow_fill) || !load_function(argv[3], "add_one", &add_one)) {
     return 1;
   }
 
   CUstream stream;
   CUdeviceptr a, b;
-  int clock_khz = 0;
   float* host = (float*)malloc(kN * sizeof(float));
-  if (!check(cu.stream_create(&stream, kNonBlocking), "stream") ||
+  if (host == NULL || !check(cu.stream_create(&stream, kNonBlocking), "stream") ||
       !check(cu.mem_alloc(&a, kN * sizeof(float)), "alloc") ||
-      !check(cu.mem_alloc(&b, kN * sizeof(float)), "alloc") ||
-      !check(cu.device_get_attribute(&clock_khz, kClockRateAttribute, device), "clock rate")) {
+      !check(cu.mem_alloc(&b, kN * sizeof(float)), "alloc")) {
     return 1;
   }
-  const long long cycles = (long long)clock_khz * 200;  // ~0.2 s at the SM clock
 
-  // 1 and 2: everything on TF-like non-blocking stream, no synchronisation between.
+  // 1: everything on a TF-like non-blocking stream, no synchronisation between.
   int early = 0;
-  if (!run_sequence(&slow_fill, &add_one, stream, stream, a, b, cycles, host, &early)) return 1;
+  if (!run_sequence(&slow_fill, &add_one, stream, stream, a, b, host, &early)) return 1;
   int wrong = 0;
   for (int i = 0; i < kN; ++i) wrong += host[i] != 42.0f;
   printf("same stream: %d of %d values wrong (want 0); our calls returned %s the long kernel ended\n",
          wrong, kN, early ? "before" : "AFTER");
 
-  // 3: TVM on the legacy default stream (NULL), as the old op ran it.
+  // 2: TVM on the legacy default stream (NULL), as the old op ran it.
   int control_early = 0;
-  if (!run_sequence(&slow_fill, &add_one, NULL, stream, a, b, cycles, host, &control_early)) return 1;
+  if (!run_sequence(&slow_fill, &add_one, NULL, stream, a, b, host, &control_early)) return 1;
   int stale = 0;
   for (int i = 0; i < kN; ++i) stale += host[i] == 1.0f;
   printf("legacy default stream (contrast): %d of %d values computed from the unwritten buffer\n",

@@ -6,11 +6,14 @@ writes two libraries:
 
 - ``OUT_DIR/testfuncs.so``: functions compiled by apache-tvm (``tvm.compile``);
 - ``OUT_DIR/ffifuncs.so``: ffi_funcs.cc, built with apache-tvm-ffi's C++ export
-  macros (complex dtypes, pointer probes, deliberate errors).
+  macros (complex dtypes, pointer probes, deliberate errors);
+- ``OUT_DIR/cudafuncs.so``: ``add_one`` compiled by apache-tvm for target
+  ``cuda``; its CUDA code needs TVM's CUDA runtime to load.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -116,12 +119,28 @@ def build_ffi_library(out: Path) -> None:
         shutil.copy(built, out)
 
 
+def build_cuda_library(out: Path) -> None:
+    """add_one for target cuda, exported with ``export_library`` into ``out``.
+
+    TVM keeps the CUDA C++ source in the library, to be compiled where it is
+    loaded (the same on every machine: without it, a machine with a CUDA driver
+    would compile at build time, with NVRTC).
+    """
+    os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+    from tvm_add_one import add_one  # the GPU harness's add_one, scheduled for CUDA
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm")
+    tvm.compile(add_one(), target=target).export_library(str(out))
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lib = tvm.compile(tvm.IRModule(test_functions()), target="llvm")
     lib.export_library(str(out / "testfuncs.so"))
     build_ffi_library(out / "ffifuncs.so")
+    build_cuda_library(out / "cudafuncs.so")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,6 @@ path without TensorFlow is proven by `make test-gpu`."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +16,13 @@ pytestmark = pytest.mark.skipif(
     not tf.config.list_physical_devices("GPU"), reason="needs a GPU build of TensorFlow and a GPU"
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+#: TVM's add_one for CUDA, built by `make build` (tests/gpu/tvm_add_one.py).
+TVM_ADD_ONE = Path(__file__).resolve().parents[2] / "build" / "gpu" / "tvm_add_one.so"
 
 
 @pytest.fixture(scope="module")
-def cuda_lib(tmp_path_factory: pytest.TempPathFactory) -> tf_op.Module:
-    out = tmp_path_factory.mktemp("gpu") / "cuda_funcs.so"
-    subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "build_cuda_funcs.py"), str(out)], check=True)
-    return tf_op.Module(out)
+def cuda_lib() -> tf_op.Module:
+    return tf_op.Module(TVM_ADD_ONE)
 
 
 def test_values_on_the_gpu(cuda_lib: tf_op.Module) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tf_op._library import tvm_library_path
+from tf_op.tvm_paths import tvm_library_path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT_SCRIPT = ROOT / "tests" / "modules" / "export_saved_model.py"

@@ -1,0 +1,73 @@
+"""The GPU path, checked on a CPU-only machine: the GPU kernels are registered in
+TensorFlow's kernel registry with the right host-memory inputs, the CUDA
+libraries of the GPU harness load and check their arguments, and CUDA code
+without a CUDA driver gets a clear error. (Running on a GPU: docs/gpu.md.)"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import kernels
+
+import tf_op
+
+GPU_BUILD = Path(__file__).resolve().parents[2] / "build" / "gpu"
+
+
+def _has_cuda_driver() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+needs_no_cuda_driver = pytest.mark.skipif(_has_cuda_driver(), reason="checks a machine without a CUDA driver")
+
+
+@pytest.mark.parametrize(
+    ("op", "host_memory"),
+    [("TVMDSOOp", {"output_dims", "library"}), ("TvmDsoOp", {"dynamic_output_shape"})],
+)
+def test_gpu_kernel_is_registered(op: str, host_memory: set[str]) -> None:
+    registered = {k.device_type: k for k in kernels.get_registered_kernels_for_op(op).kernel}
+    assert {"CPU", "GPU"} <= set(registered)
+    assert set(registered["GPU"].host_memory_arg) == host_memory
+    assert not registered["CPU"].host_memory_arg
+
+
+def test_tvm_cuda_library_refuses_host_tensors(testlib: str) -> None:
+    """TVM's add_one for CUDA, built by nvcc for the GPU harness, loads here and
+    TVM's own argument checks name the device it expects."""
+    add_one = tf_op.Module(GPU_BUILD / "tvm_add_one.so").func("add_one")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)add_one.*device_type.*expected cuda"):
+        add_one(tf.constant([1.0, 2.0]))
+    np.testing.assert_array_equal(tf_op.Module(testlib).func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+
+
+@needs_no_cuda_driver
+def test_cuda_code_without_a_cuda_driver(modules_dir: Path, testlib: str) -> None:
+    """A tvm.compile'd CUDA library needs TVM's CUDA runtime, which needs the CUDA
+    driver: the error says which library could not be opened."""
+    cudalib = str(modules_dir / "cudafuncs.so")
+    with pytest.raises(
+        tf.errors.FailedPreconditionError,
+        match=r"(?s)cudafuncs\.so.*holds CUDA code.*libtvm_runtime_cuda\.so: libcuda\.so\.1",
+    ):
+        tf_op.Module(cudalib).func("add_one")(tf.constant([1.0]))
+    np.testing.assert_array_equal(tf_op.Module(testlib).func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+
+
+@needs_no_cuda_driver
+def test_gpu_harness_reports_no_gpu() -> None:
+    run = subprocess.run(
+        [str(GPU_BUILD / "stream_harness"), *(str(GPU_BUILD / f) for f in ("libtvm_ffi.so", "slow_fill.so", "tvm_add_one.so"))],
+        capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "no CUDA GPU" in run.stderr
