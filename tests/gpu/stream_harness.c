@@ -32,6 +32,7 @@ typedef unsigned long long CUdeviceptr;
 
 static struct {
   CUresult (*init)(unsigned);
+  CUresult (*driver_get_version)(int*);
   CUresult (*device_get)(CUdevice*, int);
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
   CUresult (*ctx_set_current)(CUcontext);
@@ -58,6 +59,7 @@ static int load_driver(void) {
   if (lib == NULL) return 0;
 #define SYM(field, name) *(void**)(&cu.field) = dlsym(lib, name)
   SYM(init, "cuInit");
+  SYM(driver_get_version, "cuDriverGetVersion");
   SYM(device_get, "cuDeviceGet");
   SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
   SYM(ctx_set_current, "cuCtxSetCurrent");
@@ -69,7 +71,7 @@ static int load_driver(void) {
   SYM(memset_d32, "cuMemsetD32_v2");
   SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");
 #undef SYM
-  return cu.init != NULL && cu.memcpy_dtoh_async != NULL;
+  return cu.init != NULL && cu.driver_get_version != NULL && cu.memcpy_dtoh_async != NULL;
 }
 
 static void set_tensor(DLTensor* t, TVMFFIAny* arg, CUdeviceptr data, int64_t* shape) {
@@ -148,6 +150,13 @@ int main(int argc, char** argv) {
   if (!load_driver() || cu.init(0) != 0 || cu.device_get(&device, 0) != 0) {
     fprintf(stderr, "stream_harness: no CUDA GPU (libcuda.so.1 and a device are needed)\n");
     return 2;
+  }
+  // The libraries link CUDA 13's runtime (as apache-tvm 0.27's CUDA runtime does),
+  // which needs a driver for CUDA 13 or newer.
+  int driver_version = 0;
+  if (check(cu.driver_get_version(&driver_version), "driver version")) {
+    printf("CUDA driver API %d.%d%s\n", driver_version / 1000, driver_version % 1000 / 10,
+           driver_version < 13000 ? ": older than CUDA 13, which the libraries need" : "");
   }
   if (!check(cu.primary_ctx_retain(&context, device), "context") ||
       !check(cu.ctx_set_current(context), "context")) {
