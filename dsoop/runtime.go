@@ -113,9 +113,17 @@ func loadExtension(path string) error {
 	return nil
 }
 
-// explainLoadError adds why TVM's CUDA runtime is missing to the error of a
-// library whose CUDA code found no loader; other errors pass unchanged.
+// ErrCUDASourceNotCompiled means a library carries CUDA C++ source where compiled
+// GPU code was expected: TVM compiled it on a machine without a CUDA driver, and
+// compiles such source at load only through a callback of its Python package.
+var ErrCUDASourceNotCompiled = errors.New("the library carries CUDA source, not compiled GPU code")
+
+// explainLoadError adds what is missing to the error of a library whose CUDA
+// code cannot load; other errors pass unchanged.
 func explainLoadError(err *Error) error {
+	if strings.Contains(err.Message, "tvm_callback_cuda_compile") {
+		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
+	}
 	if !strings.Contains(err.Message, "load_from_bytes.cuda") {
 		return err
 	}

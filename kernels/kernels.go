@@ -95,7 +95,8 @@ func statusCode(err error) int {
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, dsoop.ErrFunctionNotFound):
 		return codeNotFound
-	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded):
+	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
+		errors.Is(err, dsoop.ErrCUDASourceNotCompiled):
 		return codeFailedPrecondition
 	case errors.Is(err, errWrongLibrary), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied
