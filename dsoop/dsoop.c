@@ -214,8 +214,12 @@ int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args
   }
   const int rc = dsoop_function_call(fn, args, num_args, err);
   TVMFFIStreamHandle ignored = NULL;
-  if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0 && rc == 0) {
-    return take_raised_error(err);
+  if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0) {
+    if (rc == 0) return take_raised_error(err);
+    // The call's error is the one to report; drop the restore's.
+    DsoopError restore_err = {NULL, NULL};
+    take_raised_error(&restore_err);
+    dsoop_error_clear(&restore_err);
   }
   return rc;
 }

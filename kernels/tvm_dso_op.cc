@@ -138,6 +138,10 @@ class GpuPlacement {
       return errors::Internal("TVMDSOOp: the GPU kernel has no stream from TensorFlow");
     }
     handle_ = stream_->platform_specific_handle().stream;
+    if (handle_ == nullptr) {
+      // TVM would fall back to the legacy default stream: the race this kernel avoids.
+      return errors::Internal("TVMDSOOp: TensorFlow's GPU stream has no CUDA stream handle");
+    }
     device_id_ = stream_->parent()->device_ordinal();
     return Status();
   }
