@@ -262,7 +262,8 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
    `go_dsoop_overhead_ns` is what the Go binding adds to a call: `dsoop.Func.Call`
    ({_f(r["go_dsoop_call_ns"], 0)} ns) against the same function called from a C loop
    ({_f(r["go_dsoop_direct_c_ns"], 1)} ns) (`dsoop.BenchmarkCallOverhead`): one cgo
-   transition and the pinning of the Go memory the call reads. The TF kernels do not pay it.
+   transition, a pooled argument frame, and cgo's check of the pointers it passes.
+   The TF kernels do not pay it.
 
 ## Results
 

@@ -299,6 +299,35 @@ func TestTensorAndScalar(t *testing.T) {
 	assert.Equal(t, []float32{2.5, 2.5, 2.5}, out)
 }
 
+// Calls reuse their argument frames: alternate between many tensors (past the
+// ones passed directly to C), few, values, and strings, checking every result.
+func TestArgumentFramesAreReused(t *testing.T) {
+	sum9, addOne := openFunc(t, "sum9"), openFunc(t, "add_one")
+	greet := openFuncIn(t, ffiLib, "greet")
+	for i := range 50 {
+		xs := make([]any, 10)
+		for k := range 9 {
+			xs[k] = mustTensor(t, []float32{float32(i + k)})
+		}
+		out := make([]float32, 1)
+		xs[9] = mustTensor(t, out)
+		require.NoError(t, sum9.Call(xs...))
+		want := float32(0)
+		for k := range 9 {
+			want += float32(i+k) * float32(k+1)
+		}
+		assert.Equal(t, want, out[0])
+
+		x, y := mustTensor(t, []float32{float32(i)}), mustTensor(t, make([]float32, 1))
+		require.NoError(t, addOne.Call(*x, *y)) // tensors by value
+		assert.Equal(t, []float32{float32(i + 1)}, unsafe.Slice((*float32)(y.Data), 1))
+
+		got, err := greet.CallValue(fmt.Sprint("gopher ", i))
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprint("hello, gopher ", i), got)
+	}
+}
+
 func TestBadArguments(t *testing.T) {
 	f := openFuncIn(t, ffiLib, "add_int")
 	tests := []struct {

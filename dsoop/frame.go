@@ -1,0 +1,249 @@
+package dsoop
+
+/*
+#include <stdlib.h>
+#include "dsoop.h"
+
+enum { kDirectData = 4 };
+
+// Completes a frame and calls: Go passes the data pointers of the first tensors as
+// arguments (cgo keeps Go memory passed so valid during the call, with no pinning),
+// and they are written into the frame's DLTensors here, in C. mode: 0 discards the
+// result, 1 converts it into *value, 2 calls with the stream set.
+static int dsoop_go_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                         DLTensor* tensors, int32_t num_direct, void* d0, void* d1, void* d2,
+                         void* d3, int mode, int32_t device_type, int32_t device_id,
+                         void* stream, DsoopValue* value, DsoopError* err) {
+  void* data[kDirectData] = {d0, d1, d2, d3};
+  for (int32_t i = 0; i < num_direct; ++i) tensors[i].data = data[i];
+  switch (mode) {
+    case 1:
+      return dsoop_function_call_value(fn, args, num_args, value, err);
+    case 2:
+      return dsoop_function_call_on_stream(fn, args, num_args, device_type, device_id, stream, err);
+    default:
+      return dsoop_function_call(fn, args, num_args, err);
+  }
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
+)
+
+// frame is one call's arguments as C reads them: the TVMFFIAny array, the
+// DLTensors and their shapes and strides, in one C block. Being C memory, C may
+// follow its pointers with nothing pinned; the only Go pointers a call needs
+// are tensor data, and the first few of those travel as arguments of the cgo call
+// (direct), which keeps them valid for the call. Frames are pooled, so a call
+// allocates nothing in the common case.
+type frame struct {
+	block   *cBlock
+	anys    []ffiAny // views of block
+	tensors []C.DLTensor
+	dims    []C.int64_t
+	direct  []unsafe.Pointer // data of the first kDirectData tensors
+	strings []*C.char        // string arguments, copied to C; freed after the call
+	pinner  runtime.Pinner   // Go data of tensors past the direct ones
+	err     C.DsoopError     // here, not on the stack, which cgo would move to the heap
+}
+
+// cBlock owns a frame's C memory; a cleanup frees it when the pool drops the
+// frame. It is apart from frame so that the cleanup does not keep frame alive.
+type cBlock struct {
+	ptr  unsafe.Pointer
+	size uintptr
+}
+
+func (b *cBlock) free() { C.free(b.ptr) }
+
+var frames = sync.Pool{New: func() any {
+	fr := &frame{block: &cBlock{}, direct: make([]unsafe.Pointer, 0, C.kDirectData)}
+	runtime.AddCleanup(fr, (*cBlock).free, fr.block)
+	return fr
+}}
+
+// release readies the frame for its next call and returns it to the pool.
+func (fr *frame) release() {
+	fr.pinner.Unpin()
+	for _, s := range fr.strings {
+		C.free(unsafe.Pointer(s))
+	}
+	clear(fr.direct)
+	fr.strings, fr.direct = fr.strings[:0], fr.direct[:0]
+	frames.Put(fr)
+}
+
+// reserve lays out room for n arguments, t tensors and d shape and stride values,
+// growing the C block when it is too small.
+func (fr *frame) reserve(n, t, d int) {
+	anyBytes := uintptr(n) * unsafe.Sizeof(ffiAny{})
+	tensorBytes := uintptr(t) * C.sizeof_DLTensor
+	size := anyBytes + tensorBytes + uintptr(d)*C.sizeof_int64_t
+	if size > fr.block.size {
+		grown := max(size, 2*fr.block.size, 256)
+		ptr := C.realloc(fr.block.ptr, C.size_t(grown))
+		if ptr == nil {
+			panic("dsoop: out of memory for call arguments")
+		}
+		fr.block.ptr, fr.block.size = ptr, grown
+	}
+	base := fr.block.ptr
+	fr.anys = unsafe.Slice((*ffiAny)(base), n)
+	fr.tensors = unsafe.Slice((*C.DLTensor)(unsafe.Add(base, anyBytes)), t)
+	fr.dims = unsafe.Slice((*C.int64_t)(unsafe.Add(base, anyBytes+tensorBytes)), d)
+}
+
+// call calls fn on the packed arguments.
+func (fr *frame) call(fn *C.DsoopFunction, mode callMode) error {
+	var args *C.TVMFFIAny
+	if len(fr.anys) > 0 {
+		args = (*C.TVMFFIAny)(unsafe.Pointer(&fr.anys[0]))
+	}
+	var tensors *C.DLTensor
+	if len(fr.tensors) > 0 {
+		tensors = &fr.tensors[0]
+	}
+	var d [C.kDirectData]unsafe.Pointer
+	copy(d[:], fr.direct)
+	cMode := C.int(0)
+	switch {
+	case mode.value != nil:
+		cMode = 1
+	case mode.onStream:
+		cMode = 2
+	}
+	if C.dsoop_go_call(fn, args, C.int32_t(len(fr.anys)), tensors, C.int32_t(len(fr.direct)),
+		d[0], d[1], d[2], d[3], cMode, C.int32_t(mode.device.Type), C.int32_t(mode.device.ID),
+		mode.stream, mode.value, &fr.err) != 0 {
+		// A copy: cgo checks a pointer into the frame as the whole frame, Go
+		// pointers included, unless it is written &fr.err at the call.
+		cerr := fr.err
+		fr.err = C.DsoopError{}
+		return takeError(&cerr)
+	}
+	return nil
+}
+
+// pack describes args in the frame.
+func (fr *frame) pack(args []any) error {
+	numTensors, numDims := 0, 0
+	for _, a := range args {
+		switch t := a.(type) {
+		case *dlpack.Tensor:
+			if t != nil {
+				numTensors++
+				numDims += len(t.Shape) + len(t.Strides)
+			}
+		case dlpack.Tensor:
+			numTensors++
+			numDims += len(t.Shape) + len(t.Strides)
+		}
+	}
+	fr.reserve(len(args), numTensors, numDims)
+	tensors, dims := fr.tensors, fr.dims
+	tensor := func(i int, t *dlpack.Tensor) {
+		d := &tensors[0]
+		tensors = tensors[1:]
+		dims = fr.describe(d, t, dims)
+		fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIDLTensorPtr, value: uint64(uintptr(unsafe.Pointer(d)))}
+	}
+	for i, a := range args {
+		switch v := a.(type) {
+		case *dlpack.Tensor:
+			if v == nil {
+				return fmt.Errorf("argument %d is a nil tensor", i)
+			}
+			tensor(i, v)
+		case dlpack.Tensor:
+			tensor(i, &v)
+		case nil:
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFINone}
+		case bool:
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIBool}
+			if v {
+				fr.anys[i].value = 1
+			}
+		case float32:
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIFloat, value: math.Float64bits(float64(v))}
+		case float64:
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIFloat, value: math.Float64bits(v)}
+		case string:
+			s := C.CString(v)
+			fr.strings = append(fr.strings, s)
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIRawStr, value: uint64(uintptr(unsafe.Pointer(s)))}
+		default:
+			iv, ok := toInt64(a)
+			if !ok {
+				return fmt.Errorf("argument %d has type %T; dsoop passes tensors, integers, floats, bools, strings and nil", i, a)
+			}
+			fr.anys[i] = ffiAny{typeIndex: C.kTVMFFIInt, value: uint64(iv)}
+		}
+	}
+	return nil
+}
+
+// describe fills d from t, with its shape and strides in dims, and returns what
+// is left of dims. The data of the first tensors is left for C to fill from the
+// call's direct arguments; the rest, in Go memory, is pinned.
+func (fr *frame) describe(d *C.DLTensor, t *dlpack.Tensor, dims []C.int64_t) []C.int64_t {
+	d.data = nil
+	if len(fr.direct) < cap(fr.direct) {
+		fr.direct = append(fr.direct, t.Data)
+	} else if t.Data != nil {
+		fr.pinner.Pin(t.Data) // does nothing for memory Go does not own
+		d.data = t.Data
+	}
+	d.device = C.DLDevice{device_type: C.DLDeviceType(t.Device.Type), device_id: C.int32_t(t.Device.ID)}
+	d.ndim = C.int32_t(len(t.Shape))
+	d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}
+	d.byte_offset = C.uint64_t(t.ByteOffset)
+	d.shape, dims = putDims(t.Shape, dims)
+	d.strides, dims = putDims(t.Strides, dims)
+	return dims
+}
+
+// putDims copies values to the front of dims and returns where they are (nil for
+// none) and what is left of dims.
+func putDims(values []int64, dims []C.int64_t) (*C.int64_t, []C.int64_t) {
+	if len(values) == 0 {
+		return nil, dims
+	}
+	for j, v := range values {
+		dims[j] = C.int64_t(v)
+	}
+	return &dims[0], dims[len(values):]
+}
+
+func toInt64(a any) (int64, bool) {
+	switch v := a.(type) {
+	case int:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	case uint:
+		return int64(v), v <= math.MaxInt64
+	case uint64:
+		return int64(v), v <= math.MaxInt64
+	}
+	return 0, false
+}
