@@ -92,16 +92,33 @@ func Open(path string) (*Module, error) {
 	if err := Init(); err != nil {
 		return nil, err
 	}
-	cpath := C.CString(abs)
-	defer C.free(unsafe.Pointer(cpath))
-	var handle C.TVMFFIObjectHandle
-	var cerr C.DsoopError
-	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, explainLoadError(takeError(&cerr)))
+	handle, err := loadModule(abs)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
 	}
 	e := &moduleEntry{path: abs, sha256: digest, handle: handle, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
+}
+
+// loadModule loads the library through TVM's loader. A library holding CUDA code
+// that no loaded runtime can load is tried again once TVM's CUDA runtime is open.
+func loadModule(path string) (C.TVMFFIObjectHandle, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var handle C.TVMFFIObjectHandle
+	var cerr C.DsoopError
+	if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
+		return handle, nil
+	}
+	err := takeError(&cerr)
+	if needsCUDARuntime(err) && loadCUDARuntime() == nil {
+		if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
+			return handle, nil
+		}
+		err = takeError(&cerr)
+	}
+	return nil, explainCUDAError(err)
 }
 
 // Path is the absolute path the module was loaded from.

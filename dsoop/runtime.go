@@ -53,9 +53,10 @@ var (
 	initMu  sync.Mutex
 	initErr error
 	inited  bool
-	// Why TVM's CUDA runtime is not loaded (nil when it is); kept to explain a
-	// CUDA module that then fails to load. Written once, under initMu.
-	cudaRuntimeErr error
+	found   libraries // the libraries Init found, written under initMu
+
+	cudaOnce sync.Once
+	cudaErr  error // why TVM's CUDA runtime did not load; nil once it has
 )
 
 // Init opens the TVM-FFI runtime (and the TVM runtime when present) with
@@ -85,13 +86,24 @@ func initRuntime() error {
 		err := takeError(&cerr)
 		return fmt.Errorf("dsoop: %w: %w", ErrRuntimeNotFound, err)
 	}
-	cudaRuntimeErr = loadCUDARuntime(libs)
+	found = libs
 	return nil
 }
 
-// loadCUDARuntime opens TVM's CUDA runtime, best effort: CPU-only machines lack
-// the CUDA driver it links, and only CUDA modules need it.
-func loadCUDARuntime(libs libraries) error {
+// loadCUDARuntime opens TVM's CUDA runtime, once, when the first library holding
+// CUDA code asks for it: a process that loads none never opens the CUDA
+// libraries (and CPU-only machines lack the CUDA driver they link).
+func loadCUDARuntime() error {
+	cudaOnce.Do(func() {
+		initMu.Lock()
+		libs := found
+		initMu.Unlock()
+		cudaErr = openCUDARuntime(libs)
+	})
+	return cudaErr
+}
+
+func openCUDARuntime(libs libraries) error {
 	if libs.cudaRuntime == "" {
 		return fmt.Errorf("%s is not beside %s on %s", cudaRuntimeLibraryName, runtimeLibraryName, LibraryPathEnv)
 	}
@@ -118,21 +130,24 @@ func loadExtension(path string) error {
 // compiles such source at load only through a callback of its Python package.
 var ErrCUDASourceNotCompiled = errors.New("the library carries CUDA source, not compiled GPU code")
 
-// explainLoadError adds what is missing to the error of a library whose CUDA
-// code cannot load; other errors pass unchanged.
-func explainLoadError(err *Error) error {
-	if strings.Contains(err.Message, "tvm_callback_cuda_compile") {
+// needsCUDARuntime tells a library whose CUDA code found no loader: TVM's CUDA
+// runtime registers it.
+func needsCUDARuntime(err *Error) bool {
+	return strings.Contains(err.Message, "load_from_bytes.cuda")
+}
+
+// explainCUDAError adds what is missing to the error of a library whose CUDA code
+// cannot load; other errors pass unchanged.
+func explainCUDAError(err *Error) error {
+	switch {
+	case strings.Contains(err.Message, "tvm_callback_cuda_compile"):
 		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
+	case needsCUDARuntime(err):
+		if cudaErr := loadCUDARuntime(); cudaErr != nil {
+			return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
+		}
 	}
-	if !strings.Contains(err.Message, "load_from_bytes.cuda") {
-		return err
-	}
-	initMu.Lock()
-	defer initMu.Unlock()
-	if cudaRuntimeErr == nil {
-		return err
-	}
-	return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaRuntimeErr)
+	return err
 }
 
 // libraries are the runtime libraries found on the search path; an empty name

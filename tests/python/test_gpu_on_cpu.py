@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,20 @@ def test_cuda_code_without_a_cuda_driver(modules_dir: Path, testlib: str) -> Non
     ):
         tf_op.Module(cudalib).func("add_one")(tf.constant([1.0]))
     np.testing.assert_array_equal(tf_op.Module(testlib).func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+
+
+def test_cpu_libraries_open_no_cuda_library(testlib: str) -> None:
+    """TVM's CUDA runtime (and the CUDA runtime it links) is opened only for a
+    library that holds CUDA code."""
+    script = (
+        "import sys, tensorflow as tf, tf_op\n"
+        "assert float(tf_op.Module(sys.argv[1]).func('add_one')(tf.constant([1.0]))[0]) == 2.0\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print([name for name in ('libtvm_runtime_cuda', 'libcudart') if name in maps])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, testlib], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 @needs_no_cuda_driver
