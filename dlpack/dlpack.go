@@ -185,8 +185,8 @@ func DataTypeOf[T Element]() DataType {
 
 // FromSlice describes a Go slice as a CPU tensor of the given shape, without a
 // copy. With no shape it is a 1-D tensor of len(data). The slice must outlive
-// every use of the tensor, and the caller must keep it reachable (and, when it is
-// handed to C, pinned: dsoop does that for the duration of a call).
+// every use of the tensor, and the caller must keep it reachable; handed to C, it
+// must follow cgo's pointer rules (dsoop's calls do, for the duration of a call).
 func FromSlice[T Element](data []T, shape ...int64) (*Tensor, error) {
 	if len(shape) == 0 {
 		shape = []int64{int64(len(data))}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -328,6 +329,58 @@ func TestArgumentFramesAreReused(t *testing.T) {
 	}
 }
 
+// Calls while the collector runs: a frame's C block is reused, and Go must never
+// leave its stale contents where the collector looks (a pointer-typed store there
+// runs the write barrier on the old value). Mixed frame sizes, fresh Go memory,
+// tensors past the directly passed ones, value tensors, strings.
+func TestCallsUnderGC(t *testing.T) {
+	addOne, sum9 := openFunc(t, "add_one"), openFunc(t, "sum9")
+	greet := openFuncIn(t, ffiLib, "greet")
+	stop := make(chan struct{})
+	collector := make(chan struct{})
+	go func() {
+		defer close(collector)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 600 {
+				n := 1 + (g+i)%17
+				out := make([]float32, n)
+				if err := addOne.Call(mustTensor(t, make([]float32, n)), mustTensor(t, out)); err != nil || out[n-1] != 1 {
+					t.Errorf("add_one: %v, %v", err, out)
+					return
+				}
+				xs := make([]any, 10)
+				for k := range 9 {
+					xs[k] = *mustTensor(t, []float32{1}) // by value
+				}
+				sum := make([]float32, 1)
+				xs[9] = mustTensor(t, sum)
+				if err := sum9.Call(xs...); err != nil || sum[0] != 45 {
+					t.Errorf("sum9: %v, %v", err, sum)
+					return
+				}
+				if got, err := greet.CallValue("gc"); err != nil || got != "hello, gc" {
+					t.Errorf("greet: %v, %v", err, got)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-collector
+}
+
 func TestBadArguments(t *testing.T) {
 	f := openFuncIn(t, ffiLib, "add_int")
 	tests := []struct {
@@ -338,6 +391,8 @@ func TestBadArguments(t *testing.T) {
 		{"unsupported Go type", []any{struct{}{}, 1}, "argument 0 has type struct {}"},
 		{"uint64 overflow", []any{uint64(1 << 63), 1}, "argument 0 has type uint64"},
 		{"nil tensor", []any{(*dlpack.Tensor)(nil)}, "argument 0 is a nil tensor"},
+		{"strides not matching the shape", []any{1, &dlpack.Tensor{DType: dlpack.Float32, Shape: []int64{2, 3}, Strides: []int64{3}}},
+			"argument 1 has 1 strides for 2 dimensions"},
 		{"wrong count", []any{int64(1)}, "add_int"},
 		{"wrong type for TVM", []any{"one", 2}, "add_int"},
 	}

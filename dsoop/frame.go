@@ -8,22 +8,28 @@ enum { kDirectData = 4 };
 
 // Completes a frame and calls: Go passes the data pointers of the first tensors as
 // arguments (cgo keeps Go memory passed so valid during the call, with no pinning),
-// and they are written into the frame's DLTensors here, in C. mode: 0 discards the
-// result, 1 converts it into *value, 2 calls with the stream set.
-static int dsoop_go_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
-                         DLTensor* tensors, int32_t num_direct, void* d0, void* d1, void* d2,
-                         void* d3, int mode, int32_t device_type, int32_t device_id,
-                         void* stream, DsoopValue* value, DsoopError* err) {
+// and they are written into the frame's DLTensors here, in C. After the call no
+// data pointer is left in the frame: cgo's rules let C keep none. mode: 0
+// discards the result, 1 converts it into *value, 2 calls with the stream set.
+static int dsoop_go_call(DsoopFunction fn, const TVMFFIAny* args, int32_t num_args,
+                         DLTensor* tensors, int32_t num_tensors, int32_t num_direct, void* d0,
+                         void* d1, void* d2, void* d3, int mode, int32_t device_type,
+                         int32_t device_id, void* stream, DsoopValue* value, DsoopError* err) {
   void* data[kDirectData] = {d0, d1, d2, d3};
   for (int32_t i = 0; i < num_direct; ++i) tensors[i].data = data[i];
+  int rc;
   switch (mode) {
     case 1:
-      return dsoop_function_call_value(fn, args, num_args, value, err);
+      rc = dsoop_function_call_value(&fn, args, num_args, value, err);
+      break;
     case 2:
-      return dsoop_function_call_on_stream(fn, args, num_args, device_type, device_id, stream, err);
+      rc = dsoop_function_call_on_stream(&fn, args, num_args, device_type, device_id, stream, err);
+      break;
     default:
-      return dsoop_function_call(fn, args, num_args, err);
+      rc = dsoop_function_call(&fn, args, num_args, err);
   }
+  for (int32_t i = 0; i < num_tensors; ++i) tensors[i].data = NULL;
+  return rc;
 }
 */
 import "C"
@@ -44,10 +50,14 @@ import (
 // are tensor data, and the first few of those travel as arguments of the cgo call
 // (direct), which keeps them valid for the call. Frames are pooled, so a call
 // allocates nothing in the common case.
+//
+// Go writes the block only through pointer-free types (ffiAny, dlTensor): a store
+// of a pointer type runs Go's write barrier on the slot's old contents, which in
+// a reused C block are stale pointers from an earlier call, or malloc garbage.
 type frame struct {
 	block   *cBlock
 	anys    []ffiAny // views of block
-	tensors []C.DLTensor
+	tensors []dlTensor
 	dims    []C.int64_t
 	direct  []unsafe.Pointer // data of the first kDirectData tensors
 	strings []*C.char        // string arguments, copied to C; freed after the call
@@ -85,7 +95,7 @@ func (fr *frame) release() {
 // growing the C block when it is too small.
 func (fr *frame) reserve(n, t, d int) {
 	anyBytes := uintptr(n) * unsafe.Sizeof(ffiAny{})
-	tensorBytes := uintptr(t) * C.sizeof_DLTensor
+	tensorBytes := uintptr(t) * unsafe.Sizeof(dlTensor{})
 	size := anyBytes + tensorBytes + uintptr(d)*C.sizeof_int64_t
 	if size > fr.block.size {
 		grown := max(size, 2*fr.block.size, 256)
@@ -97,19 +107,19 @@ func (fr *frame) reserve(n, t, d int) {
 	}
 	base := fr.block.ptr
 	fr.anys = unsafe.Slice((*ffiAny)(base), n)
-	fr.tensors = unsafe.Slice((*C.DLTensor)(unsafe.Add(base, anyBytes)), t)
+	fr.tensors = unsafe.Slice((*dlTensor)(unsafe.Add(base, anyBytes)), t)
 	fr.dims = unsafe.Slice((*C.int64_t)(unsafe.Add(base, anyBytes+tensorBytes)), d)
 }
 
 // call calls fn on the packed arguments.
-func (fr *frame) call(fn *C.DsoopFunction, mode callMode) error {
+func (fr *frame) call(fn C.DsoopFunction, mode callMode) error {
 	var args *C.TVMFFIAny
 	if len(fr.anys) > 0 {
 		args = (*C.TVMFFIAny)(unsafe.Pointer(&fr.anys[0]))
 	}
 	var tensors *C.DLTensor
 	if len(fr.tensors) > 0 {
-		tensors = &fr.tensors[0]
+		tensors = (*C.DLTensor)(unsafe.Pointer(&fr.tensors[0]))
 	}
 	var d [C.kDirectData]unsafe.Pointer
 	copy(d[:], fr.direct)
@@ -120,8 +130,8 @@ func (fr *frame) call(fn *C.DsoopFunction, mode callMode) error {
 	case mode.onStream:
 		cMode = 2
 	}
-	if C.dsoop_go_call(fn, args, C.int32_t(len(fr.anys)), tensors, C.int32_t(len(fr.direct)),
-		d[0], d[1], d[2], d[3], cMode, C.int32_t(mode.device.Type), C.int32_t(mode.device.ID),
+	if C.dsoop_go_call(fn, args, C.int32_t(len(fr.anys)), tensors, C.int32_t(len(fr.tensors)),
+		C.int32_t(len(fr.direct)), d[0], d[1], d[2], d[3], cMode, C.int32_t(mode.device.Type), C.int32_t(mode.device.ID),
 		mode.stream, mode.value, &fr.err) != 0 {
 		// A copy: cgo checks a pointer into the frame as the whole frame, Go
 		// pointers included, unless it is written &fr.err at the call.
@@ -135,17 +145,23 @@ func (fr *frame) call(fn *C.DsoopFunction, mode callMode) error {
 // pack describes args in the frame.
 func (fr *frame) pack(args []any) error {
 	numTensors, numDims := 0, 0
-	for _, a := range args {
-		switch t := a.(type) {
+	for i, a := range args {
+		var t *dlpack.Tensor
+		switch v := a.(type) {
 		case *dlpack.Tensor:
-			if t != nil {
-				numTensors++
-				numDims += len(t.Shape) + len(t.Strides)
-			}
+			t = v
 		case dlpack.Tensor:
-			numTensors++
-			numDims += len(t.Shape) + len(t.Strides)
+			t = &v
 		}
+		if t == nil {
+			continue
+		}
+		// TVM reads ndim strides: fewer would be read past this tensor's own.
+		if len(t.Strides) != 0 && len(t.Strides) != len(t.Shape) {
+			return fmt.Errorf("argument %d has %d strides for %d dimensions", i, len(t.Strides), len(t.Shape))
+		}
+		numTensors++
+		numDims += len(t.Shape) + len(t.Strides)
 	}
 	fr.reserve(len(args), numTensors, numDims)
 	tensors, dims := fr.tensors, fr.dims
@@ -193,34 +209,55 @@ func (fr *frame) pack(args []any) error {
 // describe fills d from t, with its shape and strides in dims, and returns what
 // is left of dims. The data of the first tensors is left for C to fill from the
 // call's direct arguments; the rest, in Go memory, is pinned.
-func (fr *frame) describe(d *C.DLTensor, t *dlpack.Tensor, dims []C.int64_t) []C.int64_t {
-	d.data = nil
+func (fr *frame) describe(d *dlTensor, t *dlpack.Tensor, dims []C.int64_t) []C.int64_t {
+	d.data = 0
 	if len(fr.direct) < cap(fr.direct) {
 		fr.direct = append(fr.direct, t.Data)
 	} else if t.Data != nil {
 		fr.pinner.Pin(t.Data) // does nothing for memory Go does not own
-		d.data = t.Data
+		d.data = uintptr(t.Data)
 	}
 	d.device = C.DLDevice{device_type: C.DLDeviceType(t.Device.Type), device_id: C.int32_t(t.Device.ID)}
 	d.ndim = C.int32_t(len(t.Shape))
 	d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}
-	d.byte_offset = C.uint64_t(t.ByteOffset)
 	d.shape, dims = putDims(t.Shape, dims)
 	d.strides, dims = putDims(t.Strides, dims)
+	d.byteOffset = C.uint64_t(t.ByteOffset)
 	return dims
 }
 
-// putDims copies values to the front of dims and returns where they are (nil for
+// putDims copies values to the front of dims and returns their address (0 for
 // none) and what is left of dims.
-func putDims(values []int64, dims []C.int64_t) (*C.int64_t, []C.int64_t) {
+func putDims(values []int64, dims []C.int64_t) (uintptr, []C.int64_t) {
 	if len(values) == 0 {
-		return nil, dims
+		return 0, dims
 	}
 	for j, v := range values {
 		dims[j] = C.int64_t(v)
 	}
-	return &dims[0], dims[len(values):]
+	return uintptr(unsafe.Pointer(&dims[0])), dims[len(values):]
 }
+
+// dlTensor mirrors DLTensor (dlpack.h) with its pointers as uintptr, so that Go
+// writes it into C memory with no write barrier (see frame).
+type dlTensor struct {
+	data       uintptr
+	device     C.DLDevice
+	ndim       C.int32_t
+	dtype      C.DLDataType
+	shape      uintptr
+	strides    uintptr
+	byteOffset C.uint64_t
+}
+
+// Build-time checks that dlTensor matches DLTensor field by field, as for ffiAny.
+var (
+	_ = [1]struct{}{}[unsafe.Sizeof(dlTensor{})-uintptr(C.sizeof_DLTensor)]
+	_ = [1]struct{}{}[unsafe.Offsetof(dlTensor{}.shape)-unsafe.Offsetof(C.DLTensor{}.shape)]
+	_ = [1]struct{}{}[unsafe.Offsetof(dlTensor{}.strides)-unsafe.Offsetof(C.DLTensor{}.strides)]
+	_ = [1]struct{}{}[unsafe.Offsetof(dlTensor{}.byteOffset)-unsafe.Offsetof(C.DLTensor{}.byte_offset)]
+	_ = [1]struct{}{}[unsafe.Offsetof(dlTensor{}.dtype)-unsafe.Offsetof(C.DLTensor{}.dtype)]
+)
 
 func toInt64(a any) (int64, bool) {
 	switch v := a.(type) {

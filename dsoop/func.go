@@ -117,7 +117,7 @@ func (f *Func) invoke(args []any, mode callMode) error {
 	if err := fr.pack(args); err != nil {
 		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
 	}
-	if err := fr.call(&f.ref.fn, mode); err != nil {
+	if err := fr.call(f.ref.fn, mode); err != nil {
 		return fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
 	}
 	return nil

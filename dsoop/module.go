@@ -1,8 +1,16 @@
 package dsoop
 
 /*
+#include <dlfcn.h>
 #include <stdlib.h>
 #include "dsoop.h"
+
+// Keeps a library mapped across load attempts (with TVM's own dlopen flags): a
+// failed attempt must not unload it, or its static initialisers would run again.
+static void* dsoop_library_hold(const char* path) { return dlopen(path, RTLD_LAZY | RTLD_LOCAL); }
+static void dsoop_library_release(void* handle) {
+  if (handle != NULL) dlclose(handle);
+}
 */
 import "C"
 
@@ -106,6 +114,7 @@ func Open(path string) (*Module, error) {
 func loadModule(path string) (C.TVMFFIObjectHandle, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
+	defer C.dsoop_library_release(C.dsoop_library_hold(cpath)) // NULL if not a library: TVM says why
 	var handle C.TVMFFIObjectHandle
 	var cerr C.DsoopError
 	if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
