@@ -1,17 +1,23 @@
-"""Writes the CUDA C++ of a TVM-compiled add_one, for nvcc.
+"""TVM's add_one for CUDA, in the two forms the GPU checks use.
 
-    python tvm_add_one.py OUT.cu
+    python tvm_add_one.py cuda-host OUT.cu        # CUDA C++ for nvcc
+    python tvm_add_one.py export-library OUT.so   # tvm.compile + export_library
 
-apache-tvm compiles ``add_one(x: float32[n]) -> float32[n]`` for target ``cuda``
-with host ``cuda_host``: one translation unit holding TVM's kernel and TVM's
-host wrapper, which checks the arguments and launches the kernel on
-``TVMFFIEnvGetStream``. nvcc turns it into a tvm-ffi library that needs only
-libtvm_ffi.so and the CUDA driver. (A library from ``export_library`` would need
-TVM's CUDA runtime, and NVRTC where its CUDA code was not compiled ahead of time.)
+apache-tvm compiles ``add_one(x: float32[n]) -> float32[n]`` for target ``cuda``.
+
+- ``cuda-host`` (host ``cuda_host``): one translation unit holding TVM's kernel and
+  TVM's host wrapper, which checks the arguments and launches the kernel on
+  ``TVMFFIEnvGetStream``. nvcc turns it into a tvm-ffi library that needs only
+  libtvm_ffi.so and the CUDA driver.
+- ``export-library`` (host ``llvm``): the usual TVM library, whose CUDA code TVM's
+  CUDA runtime loads. Built here without a CUDA driver, it carries CUDA source
+  (TVM_COMPILE_FORCE_FALLBACK makes that so on every machine), which only TVM's
+  Python package can compile when it loads.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -36,12 +42,18 @@ def add_one() -> tvm.IRModule:
     return sch.mod
 
 
-def main(out: str) -> None:
+def write_cuda_host(out: str) -> None:
     # The arch only shapes the generated source; nvcc picks the GPU code to emit.
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="cuda_host")
-    built = tvm.compile(add_one(), target=target)
-    Path(out).write_text(export_cuda_host(built.mod))
+    Path(out).write_text(export_cuda_host(tvm.compile(add_one(), target=target).mod))
+
+
+def write_export_library(out: str) -> None:
+    os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm")
+    tvm.compile(add_one(), target=target).export_library(out)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    form, out = sys.argv[1:]
+    {"cuda-host": write_cuda_host, "export-library": write_export_library}[form](out)

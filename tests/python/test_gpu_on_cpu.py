@@ -6,6 +6,7 @@ without a CUDA driver gets a clear error. (Running on a GPU: docs/gpu.md.)"""
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,16 @@ def test_gpu_harness_reports_no_gpu() -> None:
     )
     assert run.returncode == 2, run.stderr
     assert "no GPU" in run.stderr
+
+
+@needs_no_cuda_driver
+def test_cudaload_reports_no_driver() -> None:
+    """cudaload (make test-gpu) goes through dsoop's opening of TVM's CUDA runtime;
+    here it gets as far as the missing driver."""
+    run = subprocess.run(
+        [str(GPU_BUILD / "cudaload"), str(GPU_BUILD / "tvm_add_one_lib.so")],
+        env={**os.environ, "TVM_LIBRARY_PATH": f"{GPU_BUILD}:{GPU_BUILD / 'tvm'}"},
+        capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "libtvm_runtime_cuda.so: libcuda.so.1" in run.stderr
