@@ -49,6 +49,11 @@ var ErrRuntimeNotFound = errors.New("TVM-FFI runtime (" + ffiLibraryName + ") no
 // which loads such code, could not be opened (the error says why).
 var ErrCUDARuntimeNotLoaded = errors.New("TVM's CUDA runtime did not load")
 
+// ErrCUDASourceNotCompiled means a library carries CUDA C++ source where compiled
+// GPU code was expected: TVM compiled it on a machine without a CUDA driver, and
+// compiles such source at load only through a callback of its Python package.
+var ErrCUDASourceNotCompiled = errors.New("the library carries CUDA source, not compiled GPU code")
+
 var (
 	initMu  sync.Mutex
 	initErr error
@@ -124,11 +129,6 @@ func loadExtension(path string) error {
 	}
 	return nil
 }
-
-// ErrCUDASourceNotCompiled means a library carries CUDA C++ source where compiled
-// GPU code was expected: TVM compiled it on a machine without a CUDA driver, and
-// compiles such source at load only through a callback of its Python package.
-var ErrCUDASourceNotCompiled = errors.New("the library carries CUDA source, not compiled GPU code")
 
 // needsCUDARuntime tells a library whose CUDA code found no loader: TVM's CUDA
 // runtime registers it.
