@@ -93,7 +93,7 @@ func (fr *frame) release() {
 
 // reserve lays out room for n arguments, t tensors and d shape and stride values,
 // growing the C block when it is too small.
-func (fr *frame) reserve(n, t, d int) {
+func (fr *frame) reserve(n, t, d int) error {
 	anyBytes := uintptr(n) * unsafe.Sizeof(ffiAny{})
 	tensorBytes := uintptr(t) * unsafe.Sizeof(dlTensor{})
 	size := anyBytes + tensorBytes + uintptr(d)*C.sizeof_int64_t
@@ -101,7 +101,7 @@ func (fr *frame) reserve(n, t, d int) {
 		grown := max(size, 2*fr.block.size, 256)
 		ptr := C.realloc(fr.block.ptr, C.size_t(grown))
 		if ptr == nil {
-			panic("dsoop: out of memory for call arguments")
+			return fmt.Errorf("out of memory for %d bytes of call arguments", grown)
 		}
 		fr.block.ptr, fr.block.size = ptr, grown
 	}
@@ -109,6 +109,7 @@ func (fr *frame) reserve(n, t, d int) {
 	fr.anys = unsafe.Slice((*ffiAny)(base), n)
 	fr.tensors = unsafe.Slice((*dlTensor)(unsafe.Add(base, anyBytes)), t)
 	fr.dims = unsafe.Slice((*C.int64_t)(unsafe.Add(base, anyBytes+tensorBytes)), d)
+	return nil
 }
 
 // call calls fn on the packed arguments.
@@ -163,7 +164,9 @@ func (fr *frame) pack(args []any) error {
 		numTensors++
 		numDims += len(t.Shape) + len(t.Strides)
 	}
-	fr.reserve(len(args), numTensors, numDims)
+	if err := fr.reserve(len(args), numTensors, numDims); err != nil {
+		return err
+	}
 	tensors, dims := fr.tensors, fr.dims
 	tensor := func(i int, t *dlpack.Tensor) {
 		d := &tensors[0]
