@@ -121,13 +121,16 @@ func loadModule(path string) (C.TVMFFIObjectHandle, error) {
 		return handle, nil
 	}
 	err := takeError(&cerr)
-	if needsCUDARuntime(err) && loadCUDARuntime() == nil {
+	if needsCUDARuntime(err) {
+		if cudaErr := loadCUDARuntime(); cudaErr != nil {
+			return nil, fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
+		}
 		if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
 			return handle, nil
 		}
 		err = takeError(&cerr)
 	}
-	return nil, explainCUDAError(err)
+	return nil, explainCUDASource(err)
 }
 
 // Path is the absolute path the module was loaded from.

@@ -136,16 +136,11 @@ func needsCUDARuntime(err *Error) bool {
 	return strings.Contains(err.Message, "load_from_bytes.cuda")
 }
 
-// explainCUDAError adds what is missing to the error of a library whose CUDA code
-// cannot load; other errors pass unchanged.
-func explainCUDAError(err *Error) error {
-	switch {
-	case strings.Contains(err.Message, "tvm_callback_cuda_compile"):
+// explainCUDASource says what a library carrying uncompiled CUDA source is, and
+// what to do; other errors pass unchanged.
+func explainCUDASource(err *Error) error {
+	if strings.Contains(err.Message, "tvm_callback_cuda_compile") {
 		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
-	case needsCUDARuntime(err):
-		if cudaErr := loadCUDARuntime(); cudaErr != nil {
-			return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
-		}
 	}
 	return err
 }
