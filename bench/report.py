@@ -52,6 +52,40 @@ def _times(r: Results, key: str) -> str:
     return f"{_f(r[key])}×{_spread(r, key)}"
 
 
+def _gpu_section(r: Results) -> list[str]:
+    """The GPU figures, as recorded on a GPU machine by `make test-gpu`."""
+    if "gpu_call_overhead_us" not in r:
+        return ["## GPU", "", "No GPU figures recorded (bench/gpu_results.json; docs/gpu.md)."]
+    rows = [
+        ("gpu_call_overhead_us", f"{_f(r['gpu_call_overhead_us'])} µs",
+         f"host time a call: our launch path {_f(r['gpu_call_us'])} µs − a raw launch of the same "
+         f"kernel {_f(r['gpu_raw_launch_us'])} µs"),
+        ("gpu_bw_ratio_vs_d2d", f"{_f(r['gpu_bw_ratio_vs_d2d'])}",
+         f"add-one through our path {_f(r['gpu_add_one_gbps'], 0)} GB/s / device-to-device copy "
+         f"{_f(r['gpu_d2d_copy_gbps'], 0)} GB/s, {int(r['gpu_bandwidth_bytes']) >> 20} MiB"),
+    ]
+    out = [
+        "## GPU",
+        "",
+        f"Recorded on {r['gpu_date']} on {r['gpu_machine']}, driver {r['gpu_driver_version']} "
+        f"(CUDA {r['gpu_cuda_driver_api']}), by `make test-gpu` (`tests/gpu/stream_harness.c`, "
+        "docs/gpu.md); this page's other figures are for the CPU machine. Copied from "
+        "`bench/gpu_results.json`, which a GPU run rewrites.",
+        "",
+        "| key | value | goal | met | what |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, value, what in rows:
+        goal, met = _goal(r, key)
+        out.append(f"| `{key}` | {value} | {goal} | {met} | {what} |")
+    out += [
+        "",
+        f"Ordering under stress in the same run: {r['gpu_stress_calls']} rounds of a slow kernel then "
+        f"TVM's add_one on one non-blocking stream, {r['gpu_stress_wrong']} values wrong.",
+    ]
+    return out
+
+
 def write_plot(r: Results, path: Path) -> None:
     """Three panels: time per tf.function call, throughput per size, peak RSS."""
     fig, (ax_call, ax_bw, ax_mem) = plt.subplots(1, 3, figsize=(16, 4.8))
@@ -299,6 +333,8 @@ memory) and takes {old_low:.1f}–{old_high:.1f}× the op's time.
 ### Memory (5)
 
 {chr(10).join(_memory_table(r))}
+
+{chr(10).join(_gpu_section(r))}
 
 ## Profile
 

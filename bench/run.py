@@ -30,6 +30,7 @@ from common import (
     BUILD_DIR,
     DOC,
     GOALS,
+    GPU_RESULTS,
     LIBRARY,
     MEMORY_SIZE,
     PLOT,
@@ -155,6 +156,15 @@ def run_go_benchmarks() -> Results:
     return out
 
 
+def recorded_gpu() -> Results:
+    """The GPU figures `make test-gpu` recorded on a GPU machine (bench/gpu_results.json)."""
+    if not GPU_RESULTS.is_file():
+        return {}
+    recorded: Results = json.loads(GPU_RESULTS.read_text())
+    print(f"  GPU: recorded on {recorded['gpu_date']} ({recorded['gpu_name']}), from {GPU_RESULTS.relative_to(ROOT)}")
+    return recorded
+
+
 def _version(*distributions: str) -> str:
     for dist in distributions:
         try:
@@ -234,6 +244,12 @@ def summary(results: Results) -> str:
         f"dsoop.Func.Call {float(results['go_dsoop_call_ns']):.0f} ns vs "
         f"{float(results['go_dsoop_direct_c_ns']):.1f} ns from C",
     ]
+    if "gpu_call_overhead_us" in results:
+        lines.append(
+            f"GPU (recorded {results['gpu_date']}, {results['gpu_name']}): call overhead "
+            f"{float(results['gpu_call_overhead_us']):.2f} us (goal <= 3), bandwidth "
+            f"{float(results['gpu_bw_ratio_vs_d2d']):.2f} of a device-to-device copy (goal >= 0.85)"
+        )
     return "\n".join(lines)
 
 
@@ -261,6 +277,7 @@ def main(argv: list[str]) -> None:
         results.update(run_comparison(name, rounds))
     results.update(run_memory(2 if args.quick else 3))
     results.update(run_go_benchmarks())
+    results.update(recorded_gpu())
     results["bench_seconds"] = round(time.perf_counter() - started, 1)
     missing = [key for key, _ in KEYS if key not in results]
     if missing:

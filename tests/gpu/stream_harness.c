@@ -10,18 +10,31 @@
 //      them: every value must be 42, and our calls must have returned while the
 //      long kernel still ran (no hidden synchronisation);
 //   2. the hazard the old op had, shown for contrast: the same sequence with TVM
-//      on CUDA's legacy default stream reads the buffer before it is written.
+//      on CUDA's legacy default stream reads the buffer before it is written;
+//   3. ordering under stress: kStressCalls rounds of slow_fill(a, i) then
+//      add_one(a -> slice i of a large buffer), all queued on one stream with no
+//      synchronisation, then every value checked (slice i must hold i + 1);
 //
-//   stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so
+// and measures, side by side on the same stream:
 //
+//   4. the call overhead of our launch path (TF's stream set as TVM's, the call,
+//      the restore) over a raw launch of the same TVM kernel (raw_add_one, in
+//      tvm_add_one.so): host time a call, medians of interleaved rounds;
+//   5. the bandwidth of a large add_one through our path against a
+//      device-to-device copy of the same bytes (CUDA events on the stream).
+//
+//   stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so [RESULTS.json]
+//
+// RESULTS.json gets the figures (gpu_call_overhead_us, gpu_bw_ratio_vs_d2d, ...).
 // The CUDA driver is loaded at run time (no toolkit needed to build). Exit status
-// 0 when 1 holds, 1 when it does not, 2 when there is no GPU (no driver, or no
+// 0 when 1 and 3 hold, 1 when not, 2 when there is no GPU (no driver, or no
 // device), 3 when the driver is older than CUDA 13, which the libraries need.
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dsoop/dsoop.h"
 
@@ -30,6 +43,7 @@ typedef int CUdevice;
 typedef void* CUcontext;
 typedef void* CUstream;
 typedef unsigned long long CUdeviceptr;
+typedef void* CUevent;
 
 static struct {
   CUresult (*init)(unsigned);
@@ -44,12 +58,32 @@ static struct {
   CUresult (*mem_alloc)(CUdeviceptr*, size_t);
   CUresult (*memset_d32)(CUdeviceptr, unsigned, size_t);
   CUresult (*memcpy_dtoh_async)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*device_get_name)(char*, int, CUdevice);
+  CUresult (*event_create)(CUevent*, unsigned);
+  CUresult (*event_record)(CUevent, CUstream);
+  CUresult (*event_synchronize)(CUevent);
+  CUresult (*event_elapsed_time)(float*, CUevent, CUevent);
 } cu;
+
+// raw_add_one from tvm_add_one.so: TVM's kernel launched directly.
+typedef int (*RawAddOne)(float* x, float* y, int n, void* stream);
 
 enum { kNonBlocking = 1, kNoDevice = 100, kNotReady = 600 };
 enum { kPassed = 0, kFailed = 1, kNoGpu = 2, kDriverTooOld = 3 };
 enum { kN = 1 << 20 };
 static const long long kSlowFillNanoseconds = 200 * 1000 * 1000;
+// Ordering under stress: rounds, floats a round, GPU time of each slow_fill.
+enum { kStressCalls = 2000, kStressN = 1 << 14 };
+static const long long kStressFillNanoseconds = 20 * 1000;
+// Call overhead: floats a call, calls a round, rounds.
+enum { kOverheadN = 256, kOverheadCalls = 200, kOverheadRounds = 51 };
+// Bandwidth: floats (256 MiB), rounds.
+enum { kBandwidthN = 1 << 26, kBandwidthRounds = 21 };
+
+// The goals of the measurements (issue: GPU proof), printed beside the figures.
+static const double kOverheadGoalUs = 3.0;
+static const double kBandwidthGoalRatio = 0.85;
 
 static int check(CUresult rc, const char* what) {
   if (rc != 0) fprintf(stderr, "stream_harness: %s: CUDA error %d\n", what, rc);
@@ -76,10 +110,23 @@ static int load_driver(void) {
   SYM(mem_alloc, "cuMemAlloc_v2");
   SYM(memset_d32, "cuMemsetD32_v2");
   SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");
+  SYM(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
+  SYM(device_get_name, "cuDeviceGetName");
+  SYM(event_create, "cuEventCreate");
+  SYM(event_record, "cuEventRecord");
+  SYM(event_synchronize, "cuEventSynchronize");
 #undef SYM
+  // The _v2 name since CUDA 12.8; older drivers have only the first.
+  *(void**)(&cu.event_elapsed_time) = dlsym(lib, "cuEventElapsedTime_v2");
+  if (cu.event_elapsed_time == NULL) *(void**)(&cu.event_elapsed_time) = dlsym(lib, "cuEventElapsedTime");
+  if (cu.event_elapsed_time == NULL) {
+    fprintf(stderr, "stream_harness: libcuda.so.1 lacks cuEventElapsedTime\n");
+    return 0;
+  }
   return 1;
 }
 
+// A float32 vector of shape[0] elements at `data` on CUDA device 0, as argument `arg`.
 static void set_tensor(DLTensor* t, TVMFFIAny* arg, CUdeviceptr data, int64_t* shape) {
   memset(t, 0, sizeof(*t));
   t->data = (void*)(uintptr_t)data;
@@ -132,6 +179,163 @@ static int run_sequence(const DsoopFunction* slow_fill, const DsoopFunction* add
   return 1;
 }
 
+// Calls fn through dsoop on `stream` (TVM's current stream set to it), as the TF
+// GPU kernel does; reports a failure.
+static int call_on(const DsoopFunction* fn, TVMFFIAny* args, int n, CUstream stream) {
+  DsoopError err = {NULL, NULL};
+  if (dsoop_function_call_on_stream(fn, args, n, kDLCUDA, 0, stream, &err) != 0) {
+    fprintf(stderr, "stream_harness: %s: %s\n", err.kind, err.message);
+    dsoop_error_clear(&err);
+    return 0;
+  }
+  return 1;
+}
+
+// 3: kStressCalls rounds of slow_fill(a, i) then add_one(a -> out slice i) on one
+// stream, nothing synchronised until the end. If add_one ever ran before its
+// slow_fill, or the next slow_fill before it, slice i would not hold i + 1.
+// Returns the number of wrong values, or -1 on a CUDA or TVM failure.
+static long stress(const DsoopFunction* slow_fill, const DsoopFunction* add_one, CUstream stream) {
+  const size_t total = (size_t)kStressCalls * kStressN;
+  CUdeviceptr a, out;
+  float* host = (float*)malloc(total * sizeof(float));
+  if (host == NULL || !check(cu.mem_alloc(&a, kStressN * sizeof(float)), "alloc") ||
+      !check(cu.mem_alloc(&out, total * sizeof(float)), "alloc") ||
+      !check(cu.memset_d32(out, 0, total), "memset") || !check(cu.ctx_synchronize(), "synchronize")) {
+    free(host);
+    return -1;
+  }
+  int64_t shape[1] = {kStressN};
+  DLTensor ta, tout;
+  TVMFFIAny fill_args[3], add_args[2];
+  set_tensor(&ta, &fill_args[0], a, shape);
+  fill_args[1].type_index = kTVMFFIFloat;
+  fill_args[1].zero_padding = 0;
+  fill_args[2].type_index = kTVMFFIInt;
+  fill_args[2].zero_padding = 0;
+  fill_args[2].v_int64 = kStressFillNanoseconds;
+  set_tensor(&ta, &add_args[0], a, shape);
+  for (int i = 0; i < kStressCalls; ++i) {
+    fill_args[1].v_float64 = (double)i;
+    set_tensor(&tout, &add_args[1], out + (CUdeviceptr)i * kStressN * sizeof(float), shape);
+    if (!call_on(slow_fill, fill_args, 3, stream) || !call_on(add_one, add_args, 2, stream)) {
+      free(host);
+      return -1;
+    }
+  }
+  if (!check(cu.memcpy_dtoh_async(host, out, total * sizeof(float), stream), "copy out") ||
+      !check(cu.ctx_synchronize(), "synchronize")) {
+    free(host);
+    return -1;
+  }
+  long wrong = 0;
+  for (size_t k = 0; k < total; ++k) wrong += host[k] != (float)(k / kStressN) + 1.0f;
+  free(host);
+  return wrong;
+}
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int compare_doubles(const void* x, const void* y) {
+  const double a = *(const double*)x, b = *(const double*)y;
+  return (a > b) - (a < b);
+}
+
+static double median(double* v, int n) {
+  qsort(v, n, sizeof(double), compare_doubles);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// 4: host time a call of add_one on a small vector, through dsoop (stream set,
+// call, restore; TVM's host code checks the arguments and launches) and through
+// raw_add_one, in interleaved rounds of kOverheadCalls calls (few enough that the
+// launch queue never fills, so the host's cost is what is timed).
+static int measure_overhead(const DsoopFunction* add_one, RawAddOne raw, CUstream stream,
+                            double* ours_us, double* raw_us) {
+  CUdeviceptr a, b;
+  if (!check(cu.mem_alloc(&a, kOverheadN * sizeof(float)), "alloc") ||
+      !check(cu.mem_alloc(&b, kOverheadN * sizeof(float)), "alloc")) {
+    return 0;
+  }
+  int64_t shape[1] = {kOverheadN};
+  DLTensor ta, tb;
+  TVMFFIAny args[2];
+  set_tensor(&ta, &args[0], a, shape);
+  set_tensor(&tb, &args[1], b, shape);
+  double ours[kOverheadRounds], raws[kOverheadRounds];
+  for (int round = -1; round < kOverheadRounds; ++round) {  // round -1 warms up
+    for (int which = 0; which < 2; ++which) {
+      const int use_ours = (which + round) % 2 == 0;  // alternate which goes first
+      if (!check(cu.stream_synchronize(stream), "synchronize")) return 0;
+      const double start = now_us();
+      for (int i = 0; i < kOverheadCalls; ++i) {
+        if (use_ours ? !call_on(add_one, args, 2, stream)
+                     : !check(raw((float*)(uintptr_t)a, (float*)(uintptr_t)b, kOverheadN, stream),
+                              "raw launch")) {
+          return 0;
+        }
+      }
+      const double per_call = (now_us() - start) / kOverheadCalls;
+      if (round >= 0) (use_ours ? ours : raws)[round] = per_call;
+    }
+  }
+  if (!check(cu.stream_synchronize(stream), "synchronize")) return 0;
+  *ours_us = median(ours, kOverheadRounds);
+  *raw_us = median(raws, kOverheadRounds);
+  return 1;
+}
+
+// 5: GPU time of add_one over kBandwidthN floats through dsoop, and of a
+// device-to-device copy of the same bytes (both read and write them once), in
+// interleaved rounds timed by events on the stream. *ratio is the median of the
+// rounds' copy time / add_one time; the rates count bytes read plus written.
+static int measure_bandwidth(const DsoopFunction* add_one, CUstream stream, double* ratio,
+                             double* ours_gbps, double* copy_gbps) {
+  const size_t bytes = (size_t)kBandwidthN * sizeof(float);
+  CUdeviceptr a, b;
+  CUevent e[4];
+  if (!check(cu.mem_alloc(&a, bytes), "alloc") || !check(cu.mem_alloc(&b, bytes), "alloc") ||
+      !check(cu.memset_d32(a, 0, kBandwidthN), "memset")) {
+    return 0;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (!check(cu.event_create(&e[i], 0), "event")) return 0;
+  }
+  int64_t shape[1] = {kBandwidthN};
+  DLTensor ta, tb;
+  TVMFFIAny args[2];
+  set_tensor(&ta, &args[0], a, shape);
+  set_tensor(&tb, &args[1], b, shape);
+  double ratios[kBandwidthRounds], ours_ms[kBandwidthRounds], copy_ms[kBandwidthRounds];
+  for (int round = -1; round < kBandwidthRounds; ++round) {  // round -1 warms up
+    if (!check(cu.event_record(e[0], stream), "event") || !call_on(add_one, args, 2, stream) ||
+        !check(cu.event_record(e[1], stream), "event") ||
+        !check(cu.event_record(e[2], stream), "event") ||
+        !check(cu.memcpy_dtod_async(b, a, bytes, stream), "copy") ||
+        !check(cu.event_record(e[3], stream), "event") ||
+        !check(cu.event_synchronize(e[3]), "event")) {
+      return 0;
+    }
+    float t_ours = 0, t_copy = 0;
+    if (!check(cu.event_elapsed_time(&t_ours, e[0], e[1]), "elapsed") ||
+        !check(cu.event_elapsed_time(&t_copy, e[2], e[3]), "elapsed")) {
+      return 0;
+    }
+    if (round < 0) continue;
+    ratios[round] = t_copy / t_ours;
+    ours_ms[round] = t_ours;
+    copy_ms[round] = t_copy;
+  }
+  *ratio = median(ratios, kBandwidthRounds);
+  *ours_gbps = 2.0 * bytes / (median(ours_ms, kBandwidthRounds) * 1e-3) / 1e9;
+  *copy_gbps = 2.0 * bytes / (median(copy_ms, kBandwidthRounds) * 1e-3) / 1e9;
+  return 1;
+}
+
 // Loads `name` from the library at `path` into *fn.
 static int load_function(const char* path, const char* name, DsoopFunction* fn) {
   DsoopError err = {NULL, NULL};
@@ -147,8 +351,8 @@ static int load_function(const char* path, const char* name, DsoopFunction* fn) 
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so\n");
+  if (argc != 4 && argc != 5) {
+    fprintf(stderr, "usage: stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so [RESULTS.json]\n");
     return kFailed;
   }
   // Load every kernel when its library loads: CUDA's lazy loading would load
@@ -189,6 +393,16 @@ int main(int argc, char** argv) {
   if (!load_function(argv[2], "slow_fill", &slow_fill) || !load_function(argv[3], "add_one", &add_one)) {
     return kFailed;
   }
+  // TVM's loader has the library open already: this finds the same copy.
+  void* add_one_library = dlopen(argv[3], RTLD_NOW | RTLD_LOCAL);
+  RawAddOne raw_add_one = add_one_library ? (RawAddOne)dlsym(add_one_library, "raw_add_one") : NULL;
+  if (raw_add_one == NULL) {
+    fprintf(stderr, "stream_harness: %s has no raw_add_one\n", argv[3]);
+    return kFailed;
+  }
+  char gpu_name[256] = "";
+  if (!check(cu.device_get_name(gpu_name, sizeof(gpu_name), device), "device name")) return kFailed;
+  printf("GPU: %s\n", gpu_name);
 
   CUstream stream;
   CUdeviceptr a, b;
@@ -220,5 +434,41 @@ int main(int argc, char** argv) {
          stale, kN, stale == 0 ? " (the race did not show this time)" : "");
 
   free(host);
-  return wrong == 0 && early ? kPassed : kFailed;
+
+  // 3: ordering under stress.
+  const long stress_wrong = stress(&slow_fill, &add_one, stream);
+  if (stress_wrong < 0) return kFailed;
+  printf("stress: %d rounds of slow_fill then add_one on one stream: %ld of %ld values wrong (want 0)\n",
+         kStressCalls, stress_wrong, (long)kStressCalls * kStressN);
+
+  // 4 and 5: the figures.
+  double ours_us = 0, raw_us = 0, bw_ratio = 0, ours_gbps = 0, copy_gbps = 0;
+  if (!measure_overhead(&add_one, raw_add_one, stream, &ours_us, &raw_us) ||
+      !measure_bandwidth(&add_one, stream, &bw_ratio, &ours_gbps, &copy_gbps)) {
+    return kFailed;
+  }
+  const double overhead_us = ours_us - raw_us;
+  printf("call overhead: %.2f us a call through dsoop, %.2f us a raw launch: %.2f us more (goal <= %.1f)\n",
+         ours_us, raw_us, overhead_us, kOverheadGoalUs);
+  printf("bandwidth: add_one %.0f GB/s, device-to-device copy %.0f GB/s: ratio %.3f (goal >= %.2f)\n",
+         ours_gbps, copy_gbps, bw_ratio, kBandwidthGoalRatio);
+
+  if (argc == 5) {
+    FILE* f = fopen(argv[4], "w");
+    if (f == NULL) {
+      perror(argv[4]);
+      return kFailed;
+    }
+    fprintf(f,
+            "{\n  \"gpu_name\": \"%s\",\n  \"gpu_cuda_driver_api\": \"%d.%d\",\n"
+            "  \"gpu_call_overhead_us\": %.3f,\n  \"gpu_call_us\": %.3f,\n  \"gpu_raw_launch_us\": %.3f,\n"
+            "  \"gpu_bw_ratio_vs_d2d\": %.4f,\n  \"gpu_add_one_gbps\": %.1f,\n  \"gpu_d2d_copy_gbps\": %.1f,\n"
+            "  \"gpu_bandwidth_bytes\": %ld,\n  \"gpu_stress_calls\": %d,\n  \"gpu_stress_wrong\": %ld,\n"
+            "  \"gpu_same_stream_wrong\": %d\n}\n",
+            gpu_name, driver_version / 1000, driver_version % 1000 / 10, overhead_us, ours_us, raw_us,
+            bw_ratio, ours_gbps, copy_gbps, (long)kBandwidthN * (long)sizeof(float), kStressCalls,
+            stress_wrong, wrong);
+    fclose(f);
+  }
+  return wrong == 0 && early && stress_wrong == 0 ? kPassed : kFailed;
 }
