@@ -17,6 +17,8 @@ static struct {
   int (*object_dec_ref)(TVMFFIObjectHandle);
   void (*error_move_from_raised)(TVMFFIObjectHandle*);
   int (*env_set_stream)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
+  int (*tensor_from_dlpack)(DLManagedTensor*, int32_t, int32_t, TVMFFIObjectHandle*);
+  int (*tensor_to_dlpack)(TVMFFIObjectHandle, DLManagedTensor**);
   TVMFFIObjectHandle load_shared_library;    // ffi.Module.load_from_file.so
   TVMFFIObjectHandle module_get_function;    // ffi.ModuleGetFunction
 } api;
@@ -33,7 +35,7 @@ static char* copy_bytes(const char* data, size_t size) {
   return s;
 }
 
-static int set_error(DsoopError* err, const char* kind, const char* fmt, ...) {
+int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...) {
   char buf[2048];
   va_list ap;
   va_start(ap, fmt);
@@ -58,7 +60,7 @@ static void* object_cell(TVMFFIObjectHandle obj) { return (char*)obj + sizeof(TV
 static int take_raised_error(DsoopError* err) {
   TVMFFIObjectHandle e = NULL;
   api.error_move_from_raised(&e);
-  if (e == NULL) return set_error(err, "RuntimeError", "TVM reported a failure but raised no error");
+  if (e == NULL) return dsoop_error_set(err, "RuntimeError", "TVM reported a failure but raised no error");
   const TVMFFIErrorCell* cell = (const TVMFFIErrorCell*)object_cell(e);
   err->kind = copy_bytes(cell->kind.data, cell->kind.size);
   err->message = copy_bytes(cell->message.data, cell->message.size);
@@ -70,7 +72,7 @@ static int get_global(const char* name, TVMFFIObjectHandle* out, DsoopError* err
   TVMFFIByteArray bytes = {name, strlen(name)};
   if (api.function_get_global(&bytes, out) != 0) return take_raised_error(err);
   if (*out == NULL) {
-    return set_error(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
+    return dsoop_error_set(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
   }
   return 0;
 }
@@ -79,7 +81,7 @@ static int get_global(const char* name, TVMFFIObjectHandle* out, DsoopError* err
   do {                                                                                   \
     *(void**)(&api.field) = dlsym(ffi, symbol);                                          \
     if (api.field == NULL) {                                                             \
-      set_error(err, "RuntimeError", "%s does not export %s: not a TVM-FFI runtime",     \
+      dsoop_error_set(err, "RuntimeError", "%s does not export %s: not a TVM-FFI runtime",     \
                 ffi_library, symbol);                                                    \
       goto fail;                                                                         \
     }                                                                                    \
@@ -94,7 +96,7 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   // The handles are never closed: TVM modules keep pointers into these libraries.
   void* ffi = dlopen(ffi_library, RTLD_NOW | RTLD_GLOBAL);
   if (ffi == NULL) {
-    set_error(err, "RuntimeError", "cannot open the TVM-FFI runtime: %s", dlerror());
+    dsoop_error_set(err, "RuntimeError", "cannot open the TVM-FFI runtime: %s", dlerror());
     goto fail;
   }
   RESOLVE(function_get_global, "TVMFFIFunctionGetGlobal");
@@ -102,11 +104,13 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   RESOLVE(object_dec_ref, "TVMFFIObjectDecRef");
   RESOLVE(error_move_from_raised, "TVMFFIErrorMoveFromRaised");
   RESOLVE(env_set_stream, "TVMFFIEnvSetStream");
+  RESOLVE(tensor_from_dlpack, "TVMFFITensorFromDLPack");
+  RESOLVE(tensor_to_dlpack, "TVMFFITensorToDLPack");
   // libtvm_runtime.so fills the backend hooks (__TVMBackendParallelLaunch, workspace
   // allocation, ...) that tvm.compile'd modules call back through.
   if (runtime_library != NULL && runtime_library[0] != '\0' &&
       dlopen(runtime_library, RTLD_NOW | RTLD_GLOBAL) == NULL) {
-    set_error(err, "RuntimeError", "cannot open the TVM runtime: %s", dlerror());
+    dsoop_error_set(err, "RuntimeError", "cannot open the TVM runtime: %s", dlerror());
     goto fail;
   }
   // TVM's own loader for shared libraries, the one ffi.ModuleLoadFromFile picks
@@ -126,7 +130,7 @@ fail:
 int dsoop_load_extension(const char* path, DsoopError* err) {
   // Never closed, like the runtime: modules keep pointers into it.
   if (dlopen(path, RTLD_NOW | RTLD_LOCAL) == NULL) {
-    return set_error(err, "RuntimeError", "%s", dlerror());
+    return dsoop_error_set(err, "RuntimeError", "%s", dlerror());
   }
   return 0;
 }
@@ -158,7 +162,7 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
   if (call_raw(api.load_shared_library, args, 2, &result, err) != 0) return -1;
   if (result.type_index != kTVMFFIModule) {
     release_any(&result);
-    return set_error(err, "TypeError", "loading %s did not give a module", path);
+    return dsoop_error_set(err, "TypeError", "loading %s did not give a module", path);
   }
   *out = result.v_obj;
   return 0;
@@ -178,7 +182,7 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
   if (result.type_index == kTVMFFINone) return 0;
   if (result.type_index != kTVMFFIFunction) {
     release_any(&result);
-    return set_error(err, "TypeError", "ffi.ModuleGetFunction(%s) did not return a function", name);
+    return dsoop_error_set(err, "TypeError", "ffi.ModuleGetFunction(%s) did not return a function", name);
   }
   out->handle = result.v_obj;
   out->safe_call = ((const TVMFFIFunctionCell*)object_cell(result.v_obj))->safe_call;
@@ -188,6 +192,10 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
 void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out) {
   api.object_inc_ref(fn->handle);
   *out = *fn;
+}
+
+void dsoop_object_retain(TVMFFIObjectHandle obj) {
+  if (obj != NULL) api.object_inc_ref(obj);
 }
 
 void dsoop_object_release(TVMFFIObjectHandle obj) {
@@ -205,23 +213,104 @@ int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t 
   return 0;
 }
 
-int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args,
-                                  int32_t num_args, int32_t device_type, int32_t device_id,
-                                  void* stream, DsoopError* err) {
+// Calls fn, leaving its result in *result, with TVM's current stream for the
+// device set to stream for the call and the previous one restored after, on
+// failure too.
+static int call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
+                          int32_t device_type, int32_t device_id, void* stream,
+                          TVMFFIAny* result, DsoopError* err) {
   TVMFFIStreamHandle previous = NULL;
   if (api.env_set_stream(device_type, device_id, stream, &previous) != 0) {
     return take_raised_error(err);
   }
-  const int rc = dsoop_function_call(fn, args, num_args, err);
+  const int rc = call_raw(fn->handle, args, num_args, result, err);
   TVMFFIStreamHandle ignored = NULL;
   if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0) {
-    if (rc == 0) return take_raised_error(err);
+    if (rc == 0) {
+      release_any(result);
+      return take_raised_error(err);
+    }
     // The call's error is the one to report; drop the restore's.
     DsoopError restore_err = {NULL, NULL};
     take_raised_error(&restore_err);
     dsoop_error_clear(&restore_err);
   }
   return rc;
+}
+
+int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args,
+                                  int32_t num_args, int32_t device_type, int32_t device_id,
+                                  void* stream, DsoopError* err) {
+  TVMFFIAny result;
+  if (call_on_stream(fn, args, num_args, device_type, device_id, stream, &result, err) != 0) {
+    return -1;
+  }
+  release_any(&result);
+  return 0;
+}
+
+int dsoop_function_call_returning(const DsoopFunction* fn, const TVMFFIAny* args,
+                                  int32_t num_args, int32_t device_type, int32_t device_id,
+                                  void* stream, TVMFFIAny* result, DsoopError* err) {
+  if (device_type == kDLCPU) return call_raw(fn->handle, args, num_args, result, err);
+  return call_on_stream(fn, args, num_args, device_type, device_id, stream, result, err);
+}
+
+void dsoop_any_release(TVMFFIAny* value) {
+  release_any(value);
+  value->type_index = kTVMFFINone;
+  value->v_int64 = 0;
+}
+
+int dsoop_tensor_from_dlpack(DLManagedTensor* from, TVMFFIObjectHandle* out, DsoopError* err) {
+  // No alignment or contiguity demanded here: the callers check both themselves,
+  // with errors that name the argument.
+  if (api.tensor_from_dlpack(from, 0, 0, out) != 0) return take_raised_error(err);
+  return 0;
+}
+
+int dsoop_tensor_to_dlpack(TVMFFIObjectHandle tensor, DLManagedTensor** out, DsoopError* err) {
+  if (api.tensor_to_dlpack(tensor, out) != 0) return take_raised_error(err);
+  return 0;
+}
+
+// Appends the tensors of value to out (up to max), depth first; returns the
+// running count, or -1 with err on a value that is neither a tensor nor an array.
+static int collect_tensors(const TVMFFIAny* value, TVMFFIObjectHandle* out, int max, int count,
+                           int depth, DsoopError* err) {
+  if (value->type_index == kTVMFFITensor) {
+    if (count < max) {
+      api.object_inc_ref(value->v_obj);
+      out[count] = value->v_obj;
+    }
+    return count + 1;
+  }
+  if (value->type_index == kTVMFFIArray && depth < 64) {
+    // An Array's cell (TVMFFISeqCell) follows its header: data, then size.
+    const TVMFFISeqCell* seq = (const TVMFFISeqCell*)object_cell(value->v_obj);
+    const TVMFFIAny* items = (const TVMFFIAny*)seq->data;
+    for (int64_t i = 0; i < seq->size && count >= 0; ++i) {
+      count = collect_tensors(&items[i], out, max, count, depth + 1, err);
+    }
+    return count;
+  }
+  dsoop_error_set(err, "TypeError", "the function returned a value of type index %d where tensors "
+            "(or tuples of them) were expected", (int)value->type_index);
+  return -1;
+}
+
+int dsoop_result_tensors(const TVMFFIAny* result, TVMFFIObjectHandle* out, int max,
+                         DsoopError* err) {
+  for (int i = 0; i < max; ++i) out[i] = NULL;
+  const int count = collect_tensors(result, out, max, 0, 0, err);
+  if (count < 0) {
+    // Drop the references taken before the bad value.
+    for (int i = 0; i < max; ++i) {
+      if (out[i] != NULL) api.object_dec_ref(out[i]);
+      out[i] = NULL;
+    }
+  }
+  return count;
 }
 
 int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
@@ -259,7 +348,7 @@ int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, in
       break;
     }
     default:
-      rc = set_error(err, "TypeError", "the function returned a value of type index %d, "
+      rc = dsoop_error_set(err, "TypeError", "the function returned a value of type index %d, "
                      "which dsoop does not convert", (int)result.type_index);
   }
   release_any(&result);

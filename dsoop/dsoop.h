@@ -28,6 +28,10 @@ typedef struct {
 
 void dsoop_error_clear(DsoopError* err);
 
+// Fills err with kind and a printf-formatted message; returns -1.
+int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 // Opens the TVM-FFI library (required) and the TVM runtime (optional, may be NULL
 // or "") with RTLD_GLOBAL and resolves the entry points. Safe to call again: later
 // calls after a success do nothing and return 0.
@@ -58,6 +62,9 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
 // Adds a reference to fn and copies it to out.
 void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out);
 
+// Adds a reference to a module or function object.
+void dsoop_object_retain(TVMFFIObjectHandle obj);
+
 // Drops a reference to a module or function object.
 void dsoop_object_release(TVMFFIObjectHandle obj);
 
@@ -74,6 +81,35 @@ int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t 
 int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args,
                                   int32_t num_args, int32_t device_type, int32_t device_id,
                                   void* stream, DsoopError* err);
+
+// Calls fn and leaves what it returned in *result, for the caller to release
+// with dsoop_any_release. When device_type is not kDLCPU, TVM's current stream
+// for the device is set to stream for the call, as dsoop_function_call_on_stream
+// does. The TF kernels call functions that return tensors through this.
+int dsoop_function_call_returning(const DsoopFunction* fn, const TVMFFIAny* args,
+                                  int32_t num_args, int32_t device_type, int32_t device_id,
+                                  void* stream, TVMFFIAny* result, DsoopError* err);
+
+// Releases the object a TVMFFIAny holds, if any, and sets it to None.
+void dsoop_any_release(TVMFFIAny* value);
+
+// Wraps a DLPack tensor as a TVM-FFI Tensor object without a copy. On success
+// TVM owns `from` and calls its deleter when it drops the last reference (which
+// may be long after the call: a function may keep or return it); on failure the
+// caller still owns it.
+int dsoop_tensor_from_dlpack(DLManagedTensor* from, TVMFFIObjectHandle* out, DsoopError* err);
+
+// A DLPack view of a Tensor object, sharing its memory. The view holds a
+// reference to the Tensor, dropped when its deleter is called.
+int dsoop_tensor_to_dlpack(TVMFFIObjectHandle tensor, DLManagedTensor** out, DsoopError* err);
+
+// Flattens what a function returned into its tensors, in order: a Tensor, or an
+// Array of Tensors and Arrays (nested tuples), depth first. Writes up to max new
+// references into out and returns how many tensors there are (which may be more
+// than max: then only the first max are written). Returns -1 with err when the
+// value holds anything but tensors and arrays.
+int dsoop_result_tensors(const TVMFFIAny* result, TVMFFIObjectHandle* out, int max,
+                         DsoopError* err);
 
 // A value a function returned, converted to plain C.
 typedef struct {

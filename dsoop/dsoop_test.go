@@ -21,8 +21,9 @@ import (
 
 // The test libraries built by tests/modules/build_modules.py: testLib by
 // apache-tvm, ffiLib with tvm-ffi's C++ macros (scalars, errors, probes), cudaLib
-// by apache-tvm for target cuda.
-var testLib, ffiLib, cudaLib string
+// by apache-tvm for target cuda; modelsDir holds the whole models of
+// tests/modules/build_models.py (Relax VM executables).
+var testLib, ffiLib, cudaLib, modelsDir string
 
 // TestMain builds the test functions with apache-tvm, in the project's venv (or
 // the Python named by TVMDSOOP_PYTHON). `make test` sets up both the venv and
@@ -33,6 +34,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	if err := testenv.RunPython("..", "tests/modules/build_modules.py", dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	modelsDir = filepath.Join(dir, "models")
+	if err := testenv.RunPython("..", "tests/modules/build_models.py", modelsDir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

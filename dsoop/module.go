@@ -4,6 +4,7 @@ package dsoop
 #include <dlfcn.h>
 #include <stdlib.h>
 #include "dsoop.h"
+#include "vm.h"
 
 // Keeps a library mapped across load attempts (with TVM's own dlopen flags): a
 // failed attempt must not unload it, or its static initialisers would run again.
@@ -26,6 +27,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
 // ErrFunctionNotFound means a module has no function of the requested name.
@@ -54,7 +57,9 @@ type moduleEntry struct {
 	path   string
 	sha256 string // of the file as it was loaded
 	handle C.TVMFFIObjectHandle
-	opens  int // guarded by modulesMu
+	isVM   bool                      // holds a Relax VM executable (a whole model)
+	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
+	opens  int                       // guarded by modulesMu
 }
 
 var (
@@ -104,7 +109,13 @@ func Open(path string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
 	}
-	e := &moduleEntry{path: abs, sha256: digest, handle: handle, opens: 1}
+	var cerr C.DsoopError
+	isVM := C.dsoop_module_is_vm(handle, &cerr)
+	if isVM < 0 {
+		C.dsoop_object_release(handle)
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
+	}
+	e := &moduleEntry{path: abs, sha256: digest, handle: handle, isVM: isVM == 1, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
 }
@@ -217,6 +228,13 @@ func (m *Module) Close() error {
 	m.entry.opens--
 	if m.entry.opens == 0 {
 		delete(modules, m.entry.path)
+		poolsMu.Lock()
+		pools := m.entry.pools
+		m.entry.pools = nil
+		poolsMu.Unlock()
+		for _, p := range pools {
+			p.release() // VMFuncs still open keep theirs
+		}
 		C.dsoop_object_release(m.entry.handle)
 	}
 	return nil

@@ -1,0 +1,470 @@
+package dsoop
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "vm.h"
+
+// Frees a DLManagedTensor made by dsoop_go_managed: its shape and strides live
+// in the same block.
+static void dsoop_go_free_managed(DLManagedTensor* self) { free(self); }
+
+// A Tensor object over d's memory (no copy), with d's shape and strides copied
+// into the block of its DLManagedTensor, which TVM frees when it drops the last
+// reference. The data pointer comes as an integer: Go pinned it for as long as
+// the call's outputs live (VMFunc.Call).
+static int dsoop_go_tensor(const DLTensor* d, uintptr_t data, TVMFFIObjectHandle* out,
+                           DsoopError* err) {
+  const size_t dims = (size_t)d->ndim * (d->strides != NULL ? 2 : 1);
+  DLManagedTensor* m = (DLManagedTensor*)malloc(sizeof(DLManagedTensor) + dims * sizeof(int64_t));
+  if (m == NULL) return dsoop_error_set(err, "MemoryError", "out of memory for a tensor");
+  int64_t* shape = (int64_t*)(m + 1);
+  memcpy(shape, d->shape, (size_t)d->ndim * sizeof(int64_t));
+  m->dl_tensor = *d;
+  m->dl_tensor.data = (void*)data;
+  m->dl_tensor.shape = shape;
+  if (d->strides != NULL) {
+    memcpy(shape + d->ndim, d->strides, (size_t)d->ndim * sizeof(int64_t));
+    m->dl_tensor.strides = shape + d->ndim;
+  }
+  m->manager_ctx = NULL;
+  m->deleter = dsoop_go_free_managed;
+  if (dsoop_tensor_from_dlpack(m, out, err) != 0) {
+    free(m);
+    return -1;
+  }
+  return 0;
+}
+
+static void dsoop_go_delete_managed(DLManagedTensor* m) {
+  if (m != NULL && m->deleter != NULL) m->deleter(m);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
+)
+
+// VMInstancesEnv names the environment variable that bounds the VM instances of
+// one model on one device (default: the number of CPUs, as TensorFlow sizes its
+// inter-op thread pool).
+const VMInstancesEnv = "TVMDSOOP_VM_INSTANCES"
+
+// ErrArity means a model function was called with the wrong number of inputs.
+var ErrArity = errors.New("wrong number of inputs")
+
+// FunctionNotFoundError is the error of a function a module does not have. For a
+// whole model (a Relax VM executable), Available lists the model's functions.
+type FunctionNotFoundError struct {
+	Path, Name string
+	Available  []string // nil for libraries of plain functions
+}
+
+func (e *FunctionNotFoundError) Error() string {
+	msg := fmt.Sprintf("dsoop: library %s: %v: %q", e.Path, ErrFunctionNotFound, e.Name)
+	if e.Available != nil {
+		msg += "; the model's functions are " + strings.Join(e.Available, ", ")
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrFunctionNotFound) hold.
+func (e *FunctionNotFoundError) Is(target error) bool { return target == ErrFunctionNotFound }
+
+// vmPool is one C pool of VM instances of a module's executable on one device.
+// It is freed with its last reference: the module entry's, and each VMFunc's.
+// References given to C holders (RetainNative) are never returned.
+type vmPool struct {
+	ptr  *C.DsoopVMPool
+	refs int // guarded by poolsMu
+}
+
+var poolsMu sync.Mutex // guards moduleEntry.pools and vmPool.refs
+
+func (p *vmPool) release() {
+	poolsMu.Lock()
+	defer poolsMu.Unlock()
+	p.refs--
+	if p.refs == 0 {
+		C.dsoop_vm_pool_destroy(p.ptr)
+	}
+}
+
+// IsVM reports whether the library holds a whole model: a Relax VM executable
+// (tvm.compile of Relax functions, then export_library). Its functions are called
+// through VMFunc, and return their outputs.
+func (m *Module) IsVM() bool { return m.entry.isVM }
+
+// vmFunctionHeader finds the VM functions in the executable's text form: each
+// begins with "@name:" alone on a line (kernels and builtins end with
+// "packed_func;").
+var vmFunctionHeader = regexp.MustCompile(`(?m)^@(\S+):$`)
+
+// VMFunctions lists the functions of the model, sorted (its entry points: main,
+// forward, ...). It reads them from the executable's text form, so it is meant
+// for messages, not for the call path.
+func (m *Module) VMFunctions() ([]string, error) {
+	if !m.entry.isVM {
+		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable", m.entry.path)
+	}
+	asText, err := m.Func("as_text")
+	if err != nil {
+		return nil, err
+	}
+	defer asText.Close()
+	text, err := asText.CallValue()
+	if err != nil {
+		return nil, err
+	}
+	s, _ := text.(string)
+	var names []string
+	for _, match := range vmFunctionHeader.FindAllStringSubmatch(s, -1) {
+		names = append(names, match[1])
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// vmInstances is the bound on a pool's instances.
+func vmInstances() (int, error) {
+	value := os.Getenv(VMInstancesEnv)
+	if value == "" {
+		return runtime.NumCPU(), nil
+	}
+	n, err := strconv.Atoi(value)
+	if err != nil || n < 1 || n > 1<<16 {
+		return 0, fmt.Errorf("dsoop: %s=%q: want a number of VM instances from 1 to 65536", VMInstancesEnv, value)
+	}
+	return n, nil
+}
+
+// pool is the module's pool of VM instances on device, made at its first use,
+// with a new reference for the caller.
+func (m *Module) pool(device dlpack.Device) (*vmPool, error) {
+	poolsMu.Lock()
+	defer poolsMu.Unlock()
+	if p, ok := m.entry.pools[device]; ok {
+		p.refs++
+		return p, nil
+	}
+	instances, err := vmInstances()
+	if err != nil {
+		return nil, err
+	}
+	var ptr *C.DsoopVMPool
+	var cerr C.DsoopError
+	if C.dsoop_vm_pool_create(m.entry.handle, C.int32_t(device.Type), C.int32_t(device.ID),
+		C.int32_t(instances), &ptr, &cerr) != 0 {
+		return nil, fmt.Errorf("dsoop: library %s: cannot start the model's VM on %v: %w", m.entry.path, device, takeError(&cerr))
+	}
+	p := &vmPool{ptr: ptr, refs: 2} // the entry's and the caller's
+	if m.entry.pools == nil {
+		m.entry.pools = map[dlpack.Device]*vmPool{}
+	}
+	m.entry.pools[device] = p
+	return p, nil
+}
+
+// VMFunc is a function of a whole model (see Module.IsVM) on one device. Calls
+// from many goroutines run at once, each on a VM instance of its own from the
+// module's pool for the device. Close it when done; a finaliser releases it
+// otherwise.
+type VMFunc struct {
+	name, path string
+	arity      int
+	device     dlpack.Device
+	ref        *vmFuncRef
+}
+
+// vmFuncRef owns the VMFunc's reference to its pool (see funcRef).
+type vmFuncRef struct {
+	mu     sync.RWMutex // Close waits for calls in flight
+	pool   *vmPool
+	index  C.int32_t
+	closed bool
+}
+
+func (r *vmFuncRef) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.pool.release()
+		r.closed = true
+	}
+}
+
+// VMFunc looks up function name of the module's model, to run on device. The
+// module's VM instances for the device are made at the first lookup for it.
+func (m *Module) VMFunc(name string, device dlpack.Device) (*VMFunc, error) {
+	if name == "" || strings.ContainsRune(name, 0) {
+		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
+	}
+	if !m.entry.isVM {
+		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable: call its functions with Func", m.entry.path)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
+	}
+	p, err := m.pool(device)
+	if err != nil {
+		return nil, err
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var index C.int32_t
+	var arity C.int64_t
+	var cerr C.DsoopError
+	switch C.dsoop_vm_pool_function(p.ptr, cname, &index, &arity, &cerr) {
+	case 1:
+	case 0:
+		p.release()
+		available, _ := m.VMFunctions() // best effort: the message lists what there is
+		if available == nil {
+			available = []string{}
+		}
+		return nil, &FunctionNotFoundError{Path: m.entry.path, Name: name, Available: available}
+	default:
+		p.release()
+		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, takeError(&cerr))
+	}
+	f := &VMFunc{name: name, path: m.entry.path, arity: int(arity), device: device,
+		ref: &vmFuncRef{pool: p, index: index}}
+	runtime.AddCleanup(f, (*vmFuncRef).close, f.ref)
+	return f, nil
+}
+
+// Name is the function's name in the model.
+func (f *VMFunc) Name() string { return f.name }
+
+// Arity is the number of inputs the function takes (parameters included, for
+// models whose weights are inputs).
+func (f *VMFunc) Arity() int { return f.arity }
+
+// Instances is the number of VM instances the function's pool has made so far:
+// each holds the model's registers and intermediate tensors between calls.
+func (f *VMFunc) Instances() int { return int(C.dsoop_vm_pool_size(f.ref.pool.ptr)) }
+
+// Outputs are the tensors a model call returned, flattened in order (nested
+// tuples depth first). Their memory is TVM's (the VM's allocator, a constant of
+// the model, or an input passed through): valid until Close, and not to be
+// written. A finaliser closes them otherwise.
+type Outputs struct {
+	Tensors []*dlpack.Tensor
+	ref     *outputsRef
+}
+
+// outputsRef owns what Outputs hold: the DLPack views of the returned tensors,
+// and the pins on Go inputs, which TVM may return or keep until then.
+type outputsRef struct {
+	once    sync.Once
+	managed []*C.DLManagedTensor
+	pinner  runtime.Pinner
+}
+
+func (r *outputsRef) close() {
+	r.once.Do(func() {
+		for _, m := range r.managed {
+			C.dsoop_go_delete_managed(m)
+		}
+		r.managed = nil
+		r.pinner.Unpin()
+	})
+}
+
+// Close releases the outputs; their tensors must not be used after. Idempotent.
+func (o *Outputs) Close() error {
+	o.ref.close()
+	return nil
+}
+
+// Call runs the function on CPU tensors (or tensors on the function's device),
+// without copying them, and returns its outputs.
+func (f *VMFunc) Call(args ...*dlpack.Tensor) (*Outputs, error) {
+	return f.CallOn(nil, args...)
+}
+
+// CallOn is Call with TVM's current stream for a GPU device set to stream (a
+// CUstream) for the call: the model's kernels are queued there, and the call
+// may return before they finish.
+func (f *VMFunc) CallOn(stream unsafe.Pointer, args ...*dlpack.Tensor) (*Outputs, error) {
+	f.ref.mu.RLock()
+	defer f.ref.mu.RUnlock()
+	if f.ref.closed {
+		return nil, fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
+	}
+	if len(args) != f.arity {
+		return nil, fmt.Errorf("dsoop: %s in %s: %w: takes %d, got %d", f.name, f.path, ErrArity, f.arity, len(args))
+	}
+	out, err := f.call(stream, args)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: %s in %s: %w", f.name, f.path, err)
+	}
+	return out, nil
+}
+
+func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (*Outputs, error) {
+	ref := &outputsRef{}
+	// The arguments as Tensor objects, in C memory.
+	anys := unsafe.Slice((*ffiAny)(C.calloc(C.size_t(max(len(args), 1)), C.size_t(unsafe.Sizeof(ffiAny{})))), len(args))
+	if len(args) > 0 && anys == nil {
+		return nil, errors.New("out of memory for call arguments")
+	}
+	// The call holds one reference to each argument; TVM takes its own to keep one.
+	handles := make([]C.TVMFFIObjectHandle, 0, len(args))
+	defer func() {
+		for _, h := range handles {
+			C.dsoop_object_release(h)
+		}
+		C.free(unsafe.Pointer(unsafe.SliceData(anys)))
+	}()
+	fr := frames.Get().(*frame)
+	defer fr.release()
+	for i, t := range args {
+		if t == nil {
+			ref.close()
+			return nil, fmt.Errorf("argument %d is a nil tensor", i)
+		}
+		if len(t.Strides) != 0 && len(t.Strides) != len(t.Shape) {
+			ref.close()
+			return nil, fmt.Errorf("argument %d has %d strides for %d dimensions", i, len(t.Strides), len(t.Shape))
+		}
+		if err := fr.reserve(0, 1, len(t.Shape)+len(t.Strides)); err != nil {
+			ref.close()
+			return nil, err
+		}
+		d := &fr.tensors[0]
+		fr.describe(d, t, fr.dims)
+		d.data = 0
+		fr.direct = fr.direct[:0]
+		// TVM may keep the tensor past the call (an output may be the input):
+		// the pin lasts as long as the outputs.
+		if t.Data != nil {
+			ref.pinner.Pin(t.Data)
+		}
+		var handle C.TVMFFIObjectHandle
+		if C.dsoop_go_tensor((*C.DLTensor)(unsafe.Pointer(d)), C.uintptr_t(uintptr(t.Data)), &handle, &fr.err) != 0 {
+			cerr := fr.err
+			fr.err = C.DsoopError{}
+			ref.close()
+			return nil, fmt.Errorf("argument %d: %w", i, takeError(&cerr))
+		}
+		handles = append(handles, handle)
+		anys[i] = ffiAny{typeIndex: C.kTVMFFITensor, value: uint64(uintptr(unsafe.Pointer(handle)))}
+	}
+	var argp *C.TVMFFIAny
+	if len(anys) > 0 {
+		argp = (*C.TVMFFIAny)(unsafe.Pointer(&anys[0]))
+	}
+	var result C.TVMFFIAny
+	if C.dsoop_vm_call(f.ref.pool.ptr, f.ref.index, argp, C.int32_t(len(anys)), stream, &result, &fr.err) != 0 {
+		cerr := fr.err
+		fr.err = C.DsoopError{}
+		ref.close()
+		return nil, takeError(&cerr)
+	}
+	defer C.dsoop_any_release(&result)
+	tensors, err := resultTensors(&result)
+	if err != nil {
+		ref.close()
+		return nil, err
+	}
+	out := &Outputs{ref: ref}
+	runtime.AddCleanup(out, (*outputsRef).close, ref)
+	for _, handle := range tensors {
+		var m *C.DLManagedTensor
+		var cerr C.DsoopError
+		rc := C.dsoop_tensor_to_dlpack(handle, &m, &cerr)
+		C.dsoop_object_release(handle)
+		if rc != 0 {
+			ref.close()
+			return nil, takeError(&cerr)
+		}
+		ref.managed = append(ref.managed, m)
+		out.Tensors = append(out.Tensors, viewOf(&m.dl_tensor))
+	}
+	return out, nil
+}
+
+// resultTensors flattens a returned value into new references to its tensors.
+func resultTensors(result *C.TVMFFIAny) ([]C.TVMFFIObjectHandle, error) {
+	handles := make([]C.TVMFFIObjectHandle, 8)
+	for {
+		buf := (*C.TVMFFIObjectHandle)(C.calloc(C.size_t(len(handles)), C.size_t(unsafe.Sizeof(handles[0]))))
+		if buf == nil {
+			return nil, errors.New("out of memory for the returned tensors")
+		}
+		var cerr C.DsoopError
+		n := int(C.dsoop_result_tensors(result, buf, C.int(len(handles)), &cerr))
+		if n < 0 {
+			C.free(unsafe.Pointer(buf))
+			return nil, takeError(&cerr)
+		}
+		got := unsafe.Slice(buf, len(handles))
+		if n <= len(handles) {
+			out := slices.Clone(got[:n])
+			C.free(unsafe.Pointer(buf))
+			return out, nil
+		}
+		// More tensors than room: drop these references and ask again with enough.
+		for _, h := range got {
+			C.dsoop_object_release(h)
+		}
+		C.free(unsafe.Pointer(buf))
+		handles = make([]C.TVMFFIObjectHandle, n)
+	}
+}
+
+// viewOf describes a DLTensor in Go; its data stays where it is.
+func viewOf(d *C.DLTensor) *dlpack.Tensor {
+	t := &dlpack.Tensor{
+		Data:       d.data,
+		Device:     dlpack.Device{Type: dlpack.DeviceType(d.device.device_type), ID: int32(d.device.device_id)},
+		DType:      dlpack.DataType{Code: dlpack.DataTypeCode(d.dtype.code), Bits: uint8(d.dtype.bits), Lanes: uint16(d.dtype.lanes)},
+		Shape:      make([]int64, int(d.ndim)),
+		ByteOffset: uint64(d.byte_offset),
+	}
+	if d.ndim > 0 {
+		for i, v := range unsafe.Slice((*int64)(unsafe.Pointer(d.shape)), int(d.ndim)) {
+			t.Shape[i] = v
+		}
+		if d.strides != nil {
+			t.Strides = slices.Clone(unsafe.Slice((*int64)(unsafe.Pointer(d.strides)), int(d.ndim)))
+		}
+	}
+	return t
+}
+
+// RetainNative gives a C holder (the TF kernels) the function as its pool and
+// index in it, with a reference to the pool that is never returned: the pool
+// then lives as long as the process.
+func (f *VMFunc) RetainNative() (pool unsafe.Pointer, index int32, err error) {
+	f.ref.mu.RLock()
+	defer f.ref.mu.RUnlock()
+	if f.ref.closed {
+		return nil, 0, ErrClosed
+	}
+	poolsMu.Lock()
+	f.ref.pool.refs++
+	poolsMu.Unlock()
+	return unsafe.Pointer(f.ref.pool.ptr), int32(f.ref.index), nil
+}
+
+// Close releases the function. Calls after Close fail; Close is idempotent.
+func (f *VMFunc) Close() error {
+	f.ref.close()
+	return nil
+}
