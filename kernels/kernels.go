@@ -4,14 +4,14 @@
 // Linking this package into a binary registers the op: the registration runs in
 // C++ static initialisers, with no Go call, because a c-shared library's Go
 // runtime is not ready while the library is being dlopened. The only Go on the
-// op's path is resolveFunction, called once when TensorFlow constructs a kernel.
+// op's path is resolve, called at a kernel's first call of a library.
 package kernels
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/..
 #cgo CXXFLAGS: -std=c++17 -I${SRCDIR}/..
 #include <stdlib.h>
-#include "dsoop/dsoop.h"
+#include "kernels/target.h"
 */
 import "C"
 
@@ -22,6 +22,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 )
 
@@ -33,16 +34,22 @@ const (
 	codeFailedPrecondition = 9
 )
 
+// errModelNotAllowed refuses a whole model to the op of old TVM, which calls
+// plain functions only.
+var errModelNotAllowed = errors.New("not a library of plain functions")
+
 // errWrongLibrary refuses a library whose SHA-256 is not the one the model recorded.
 var errWrongLibrary = errors.New("refusing a library that is not the one the model was built with")
 
-// tvmdsoopResolveFunction loads the module at libPath (once per process) and
-// writes a new reference to its function funcName into out. A non-empty sha256
-// (hex) is the digest the library must have. On failure it returns a TensorFlow
-// status code and a malloc'ed message for the caller to free.
+// tvmdsoopResolve loads the module at libPath (once per process) and writes
+// what the kernel calls for funcName into out: a new reference to a plain
+// function, or, for a whole model, the pool of VM instances on the kernel's
+// device (made at its first use) and the function's index and arity there. A
+// non-empty sha256 (hex) is the digest the library must have. On failure it
+// returns a TensorFlow status code and a malloc'ed message for the caller to free.
 //
-//export tvmdsoopResolveFunction
-func tvmdsoopResolveFunction(libPath, funcName, sha256 *C.char, out *C.DsoopFunction, errMsg **C.char) (code C.int) {
+//export tvmdsoopResolve
+func tvmdsoopResolve(libPath, funcName, sha256 *C.char, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) (code C.int) {
 	// A Go panic must not unwind into TensorFlow's C++ frames.
 	defer func() {
 		if r := recover(); r != nil {
@@ -50,7 +57,8 @@ func tvmdsoopResolveFunction(libPath, funcName, sha256 *C.char, out *C.DsoopFunc
 			code = codeInvalidArgument
 		}
 	}()
-	err := resolveFunction(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), unsafe.Pointer(out))
+	device := dlpack.Device{Type: dlpack.DeviceType(deviceType), ID: int32(deviceID)}
+	err := resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), device, allowModels != 0, out)
 	if err == nil {
 		return 0
 	}
@@ -61,9 +69,12 @@ func tvmdsoopResolveFunction(libPath, funcName, sha256 *C.char, out *C.DsoopFunc
 // describe words an error for a message that already names the library and the
 // function (the kernel's prefix), so the common cases do not repeat them.
 func describe(err error) string {
+	var notFound *dsoop.FunctionNotFoundError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return "the library file does not exist"
+	case errors.As(err, &notFound) && notFound.Available != nil:
+		return "the model has no function of that name; its functions are " + strings.Join(notFound.Available, ", ")
 	case errors.Is(err, dsoop.ErrFunctionNotFound):
 		return "the library has no function of that name"
 	default:
@@ -71,9 +82,9 @@ func describe(err error) string {
 	}
 }
 
-// resolveFunction never closes the Module it opens: the library then stays loaded
-// for the life of the process, and later kernels share it.
-func resolveFunction(libPath, funcName, sha256 string, out unsafe.Pointer) error {
+// resolve never closes the Module it opens: the library then stays loaded for
+// the life of the process, and later kernels share it (and its VM pools).
+func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
 	module, err := dsoop.Open(libPath)
 	if err != nil {
 		return err
@@ -82,13 +93,32 @@ func resolveFunction(libPath, funcName, sha256 string, out unsafe.Pointer) error
 		return fmt.Errorf("%w: the library at %s has SHA-256 %s, the model expects %s",
 			errWrongLibrary, module.Path(), module.SHA256(), sha256)
 	}
+	*out = C.TvmdsoopTarget{arity: -1}
+	if module.IsVM() {
+		if !allowModels {
+			return fmt.Errorf("%w: the library at %s is a whole model (a Relax VM executable); TvmDsoOp calls plain functions only, use TVMDSOOp", errModelNotAllowed, module.Path())
+		}
+		fn, err := module.VMFunc(funcName, device)
+		if err != nil {
+			return err
+		}
+		// The kernel takes its own reference to the pool; this VMFunc is not needed past here.
+		defer fn.Close()
+		pool, index, err := fn.RetainNative()
+		if err != nil {
+			return err
+		}
+		out.pool = (*C.DsoopVMPool)(pool)
+		out.vm_index = C.int32_t(index)
+		out.arity = C.int64_t(fn.Arity())
+		return nil
+	}
 	fn, err := module.Func(funcName)
 	if err != nil {
 		return err
 	}
-	// The kernel takes its own reference; this Func is not needed past here.
 	defer fn.Close()
-	return fn.RetainNative(out)
+	return fn.RetainNative(unsafe.Pointer(&out.fn))
 }
 
 func statusCode(err error) int {
@@ -100,6 +130,8 @@ func statusCode(err error) int {
 		return codeFailedPrecondition
 	case errors.Is(err, errWrongLibrary), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied
+	case errors.Is(err, errModelNotAllowed):
+		return codeFailedPrecondition
 	default:
 		return codeInvalidArgument
 	}

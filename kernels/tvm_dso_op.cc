@@ -17,9 +17,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "dsoop/dsoop.h"
+#include "dsoop/vm.h"
+#include "kernels/target.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "xla/stream_executor/device_address.h"
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
@@ -116,9 +120,14 @@ class CpuPlacement {
     return Status();
   }
 
+  // Host memory is the device's: the same copy.
+  Status CopyFromHost(char* dst, const char* src, size_t size) { return Copy(dst, src, size); }
+
   int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
     return dsoop_function_call(&fn, args, num_args, err);
   }
+
+  void* stream() const { return nullptr; }
 
  private:
   absl::InlinedVector<AlignedBuffer, 2> scratch_;
@@ -168,9 +177,20 @@ class GpuPlacement {
                               size);
   }
 
+  // Host memory a returned tensor lives in (a model's shape outputs, say), copied
+  // to the device. The host side is TVM's and is freed when the caller drops it,
+  // so the copy is waited for.
+  Status CopyFromHost(char* dst, const char* src, size_t size) {
+    stream_executor::DeviceAddressBase to(dst, size);
+    TF_RETURN_IF_ERROR(stream_->Memcpy(&to, src, size));
+    return stream_->BlockHostUntilDone();
+  }
+
   int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
     return dsoop_function_call_on_stream(&fn, args, num_args, kDLCUDA, device_id_, handle_, err);
   }
+
+  void* stream() const { return handle_; }
 
  private:
   stream_executor::Stream* stream_ = nullptr;
@@ -179,12 +199,86 @@ class GpuPlacement {
   absl::InlinedVector<Tensor, 2> scratch_;
 };
 
-// A function resolved from one library.
+// A function resolved from one library: a plain function, or a function of a
+// whole model with the pool of VM instances that runs it.
 struct Resolved {
   std::string lib_path;
   std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
-  DsoopFunction fn;
+  TvmdsoopTarget target;
+
+  bool is_model() const { return target.pool != nullptr; }
 };
+
+// Releases a TVM object handle.
+struct ObjectReleaser {
+  void operator()(void* handle) const { dsoop_object_release(handle); }
+};
+using ObjectPtr = std::unique_ptr<void, ObjectReleaser>;
+
+// Gives a DLPack view back to its owner.
+struct ManagedDeleter {
+  void operator()(DLManagedTensor* m) const {
+    if (m->deleter != nullptr) m->deleter(m);
+  }
+};
+using ManagedPtr = std::unique_ptr<DLManagedTensor, ManagedDeleter>;
+
+// What a function returned, released when it goes out of scope.
+struct ReturnedValue {
+  TVMFFIAny value{kTVMFFINone, 0, {0}};
+  ~ReturnedValue() { dsoop_any_release(&value); }
+};
+
+// A TF tensor lent to TVM as a Tensor object, without a copy. TVM holds it, and
+// with it a reference to TF's buffer, until it drops the object: after the call,
+// when an output is the input itself.
+struct LentTensor {
+  DLManagedTensor managed;
+  Tensor keep;
+  absl::InlinedVector<int64_t, 6> shape;
+
+  static void Delete(DLManagedTensor* self) { delete static_cast<LentTensor*>(self->manager_ctx); }
+};
+
+// The alignment TF requires of a tensor's buffer (EIGEN_MAX_ALIGN_BYTES in its
+// builds): memory TVM returns is taken as it is only when it has it.
+constexpr int64_t kTFAlignment = 64;
+
+// A TF buffer over memory a function returned, without a copy. It holds TVM's
+// DLPack view of the memory, given back when TF drops the buffer. It does not
+// claim the memory (OwnsMemory), so TF never hands it to an op that writes its
+// output in place: the memory may be an input's, a constant of the model, or
+// the VM's pooled memory.
+class ReturnedBuffer : public tensorflow::TensorBuffer {
+ public:
+  ReturnedBuffer(ManagedPtr managed, size_t size)
+      : TensorBuffer(static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset),
+        managed_(std::move(managed)),
+        size_(size) {}
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("tvm");
+  }
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  ManagedPtr managed_;
+  size_t size_;
+};
+
+// Whether a DLTensor is compact row-major (no strides, or the compact ones).
+bool IsCompact(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
 
 // What both ops share: resolving the function (Go, once per library path) and
 // calling it on the first `num_in` inputs plus outputs of the shapes the op
@@ -197,18 +291,21 @@ class CallKernel : public OpKernel {
                 errors::InvalidArgument(type_string(), ": bad function name '", func_name_, "'"));
   }
 
+  // The VM pools of models are shared with other kernels and live on.
   ~CallKernel() override {
-    for (const auto& r : resolved_) dsoop_object_release(r->fn.handle);
+    for (const auto& r : resolved_) dsoop_object_release(r->target.fn.handle);
   }
 
   CallKernel(const CallKernel&) = delete;
   CallKernel& operator=(const CallKernel&) = delete;
 
  protected:
-  // The function in lib_path. The first call for a path loads the library and
-  // resolves the function through Go (checking the library's SHA-256 when
-  // `sha256` is not empty); later calls find it without a lock or Go.
-  Status FunctionFor(absl::string_view lib_path, const std::string& sha256, const Resolved** out) {
+  // The function in lib_path, run on device. The first call for a path loads the
+  // library and resolves the function through Go (checking the library's SHA-256
+  // when `sha256` is not empty; for a model, starting its VMs on the device);
+  // later calls find it without a lock or Go. A kernel runs on one device.
+  Status FunctionFor(absl::string_view lib_path, const std::string& sha256, DLDevice device,
+                     bool allow_models, const Resolved** out) {
     const Resolved* latest = latest_.load(std::memory_order_acquire);
     if (latest != nullptr && latest->lib_path == lib_path) {
       *out = latest;
@@ -226,9 +323,10 @@ class CallKernel : public OpKernel {
     r->lib_path = std::string(lib_path);
     r->where = Where(lib_path);
     char* message = nullptr;
-    const int code = tvmdsoopResolveFunction(const_cast<char*>(r->lib_path.c_str()),
-                                             const_cast<char*>(func_name_.c_str()),
-                                             const_cast<char*>(sha256.c_str()), &r->fn, &message);
+    const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path.c_str()),
+                                     const_cast<char*>(func_name_.c_str()),
+                                     const_cast<char*>(sha256.c_str()), device.device_type,
+                                     device.device_id, allow_models ? 1 : 0, &r->target, &message);
     if (code != 0) {
       Status status(static_cast<absl::StatusCode>(code),
                     absl::StrCat(r->where, ": ", message ? message : "unknown error"));
@@ -250,13 +348,11 @@ class CallKernel : public OpKernel {
   }
 
   // Calls the function with inputs [0, num_in) and outputs of out_shapes, with
-  // the buffers on the Placement's device.
+  // the buffers on the Placement's device (TVM's destination-passing convention).
   template <typename Placement>
-  void Call(OpKernelContext* ctx, const Resolved& fn, int num_in,
+  void Call(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
             absl::Span<const TensorShape> out_shapes) {
     const std::string& where = fn.where;
-    Placement placement;
-    OP_REQUIRES_OK(ctx, placement.Init(ctx));
     const DLDevice device = placement.dl_device();
     const int num_out = static_cast<int>(out_shapes.size());
     const int num_args = num_in + num_out;
@@ -316,7 +412,7 @@ class CallKernel : public OpKernel {
     }
 
     DsoopError err = {nullptr, nullptr};
-    if (placement.Call(fn.fn, args.data(), num_args, &err) != 0) {
+    if (placement.Call(fn.target.fn, args.data(), num_args, &err) != 0) {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
                             absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
                                          err.message ? err.message : "", "\n  TVMDSOOp passed ",
@@ -330,9 +426,165 @@ class CallKernel : public OpKernel {
     }
   }
 
+  // Calls a function that returns its outputs (every function of a model, and
+  // plain functions made with returns=True) on inputs [0, num_in), lent to TVM
+  // without a copy, and makes what it returned the op's outputs: without a copy
+  // where TF can take the memory, else copied. What came back is checked against
+  // what the op declares: the count, each dtype, each known dimension.
+  template <typename Placement>
+  void CallReturning(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
+                     absl::Span<const PartialTensorShape> declared) {
+    const std::string& where = fn.where;
+    const TvmdsoopTarget& target = fn.target;
+    OP_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
+                errors::InvalidArgument(where, ": the model's function takes ", target.arity,
+                                        " input(s), got ", num_in));
+    const DLDevice device = placement.dl_device();
+    absl::InlinedVector<ObjectPtr, 8> inputs;
+    absl::InlinedVector<TVMFFIAny, 8> args(num_in);
+    DsoopError err = {nullptr, nullptr};
+    for (int i = 0; i < num_in; ++i) {
+      const Tensor& t = ctx->input(i);
+      auto lent = std::make_unique<LentTensor>();
+      DLTensor& dl = lent->managed.dl_tensor;
+      OP_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
+                  errors::InvalidArgument(where, ": input ", i, " has dtype ",
+                                          tensorflow::DataTypeString(t.dtype()),
+                                          ", which DLPack cannot describe"));
+      lent->keep = t;
+      char* data = const_cast<char*>(t.tensor_data().data());
+      const size_t size = t.TotalBytes();
+      if (size > 0 && !IsAligned(data, alignment_)) {
+        // The copy lives as long as TVM holds the tensor, like TF's own buffer.
+        Tensor block;
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
+                                               TensorShape({static_cast<int64_t>(size + alignment_)}),
+                                               &block));
+        const auto base = reinterpret_cast<uintptr_t>(block.tensor_data().data());
+        const auto a = static_cast<uintptr_t>(alignment_);
+        char* aligned = reinterpret_cast<char*>((base + a - 1) / a * a);
+        OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
+        lent->keep = std::move(block);
+        data = aligned;
+      }
+      for (int d = 0; d < t.dims(); ++d) lent->shape.push_back(t.dim_size(d));
+      dl.data = data;
+      dl.device = device;
+      dl.ndim = t.dims();
+      dl.shape = lent->shape.data();
+      dl.strides = nullptr;
+      dl.byte_offset = 0;
+      lent->managed.manager_ctx = lent.get();
+      lent->managed.deleter = LentTensor::Delete;
+      TVMFFIObjectHandle handle = nullptr;
+      if (dsoop_tensor_from_dlpack(&lent->managed, &handle, &err) != 0) {
+        ctx->SetStatus(errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
+        dsoop_error_clear(&err);
+        return;
+      }
+      lent.release();  // TVM owns it now, and deletes it when it drops the tensor
+      inputs.emplace_back(handle);
+      args[i].type_index = kTVMFFITensor;
+      args[i].zero_padding = 0;
+      args[i].v_obj = static_cast<TVMFFIObject*>(handle);
+    }
+
+    ReturnedValue result;
+    const int rc =
+        fn.is_model()
+            ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in, placement.stream(),
+                            &result.value, &err)
+            : dsoop_function_call_returning(&target.fn, args.data(), num_in, device.device_type,
+                                            device.device_id, placement.stream(), &result.value,
+                                            &err);
+    if (rc != 0) {
+      ctx->SetStatus(Status(CodeForTVMError(err.kind),
+                            absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
+                                         err.message ? err.message : "")));
+      dsoop_error_clear(&err);
+      return;
+    }
+    inputs.clear();  // TVM keeps its own references to what it holds on to
+
+    const int num_out = static_cast<int>(declared.size());
+    absl::InlinedVector<TVMFFIObjectHandle, 4> handles(num_out, nullptr);
+    const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
+    absl::InlinedVector<ObjectPtr, 4> outputs;
+    for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
+    if (count < 0) {
+      ctx->SetStatus(errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
+      dsoop_error_clear(&err);
+      return;
+    }
+    OP_REQUIRES(ctx, count == num_out,
+                errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
+                                        num_out, " output(s) (output_shapes/output_dtypes)"));
+    for (int i = 0; i < num_out; ++i) {
+      DLManagedTensor* view = nullptr;
+      if (dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err) != 0) {
+        ctx->SetStatus(errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
+        dsoop_error_clear(&err);
+        return;
+      }
+      OP_REQUIRES_OK(ctx, SetReturnedOutput(ctx, placement, where, i, ManagedPtr(view), declared[i]));
+    }
+  }
+
   int64_t alignment_ = 64;
 
  private:
+  // Makes what a function returned output i: checked against the declared dtype
+  // and shape, then taken as it is, or copied where TF cannot take it (below
+  // TF's alignment, or on another device).
+  template <typename Placement>
+  Status SetReturnedOutput(OpKernelContext* ctx, Placement& placement, const std::string& where,
+                           int i, ManagedPtr returned, const PartialTensorShape& declared) {
+    const DLTensor& dl = returned->dl_tensor;
+    const DataType dtype = ctx->expected_output_dtype(i);
+    DLDataType want;
+    if (!ToDLDataType(dtype, &want)) {
+      return errors::InvalidArgument(where, ": output ", i, " is declared ",
+                                     tensorflow::DataTypeString(dtype), ", which DLPack cannot describe");
+    }
+    if (dl.dtype.code != want.code || dl.dtype.bits != want.bits || dl.dtype.lanes != want.lanes) {
+      return errors::InvalidArgument(where, ": output ", i, " is ", DLTypeName(dl.dtype),
+                                     ", but the op declares ", tensorflow::DataTypeString(dtype));
+    }
+    TensorShape shape;
+    for (int d = 0; d < dl.ndim; ++d) {
+      TF_RETURN_IF_ERROR(shape.AddDimWithStatus(dl.shape[d]));
+    }
+    if (!declared.IsCompatibleWith(shape)) {
+      return errors::InvalidArgument(where, ": output ", i, " has shape ", shape.DebugString(),
+                                     ", but the op declares ", declared.DebugString());
+    }
+    if (!IsCompact(dl)) {
+      return errors::InvalidArgument(where, ": output ", i,
+                                     " is a strided view; the op takes compact tensors only");
+    }
+    const DLDevice device = placement.dl_device();
+    const bool same_device =
+        dl.device.device_type == device.device_type && dl.device.device_id == device.device_id;
+    const size_t bytes = static_cast<size_t>(shape.num_elements()) * tensorflow::DataTypeSize(dtype);
+    const char* data = static_cast<const char*>(dl.data) + dl.byte_offset;
+    if (bytes > 0 && same_device && IsAligned(data, kTFAlignment)) {
+      auto* buffer = new ReturnedBuffer(std::move(returned), bytes);
+      Tensor out(dtype, shape, buffer);
+      buffer->Unref();  // the tensor holds its own reference
+      ctx->set_output(i, out);
+      return Status();
+    }
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &out));
+    if (bytes == 0) return Status();
+    char* dst = const_cast<char*>(out->tensor_data().data());
+    if (same_device) return placement.Copy(dst, data, bytes);
+    if (dl.device.device_type == kDLCPU) return placement.CopyFromHost(dst, data, bytes);
+    return errors::Internal(where, ": output ", i, " is on device type ", dl.device.device_type,
+                            " ", dl.device.device_id, "; the op runs on device type ",
+                            device.device_type, " ", device.device_id);
+  }
+
   // "input 0: float32[3], output 0: float32[3]", for error messages.
   static std::string DescribeArgs(const absl::InlinedVector<DLTensor, 8>& tensors, int num_in) {
     std::string out;
@@ -369,6 +621,7 @@ class TVMDSOOpKernel : public CallKernel {
  public:
   explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_sha256", &lib_sha256_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("returns", &returns_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
     OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
                 errors::InvalidArgument(type_string(), ": function '", func_name(),
@@ -398,11 +651,22 @@ class TVMDSOOpKernel : public CallKernel {
     OP_REQUIRES(ctx, std::memchr(lib_path.data(), 0, lib_path.size()) == nullptr,
                 errors::InvalidArgument(type_string(), ": function '", func_name(),
                                         "': the library path holds a NUL byte"));
+    Placement placement;
+    OP_REQUIRES_OK(ctx, placement.Init(ctx));
     const Resolved* fn = nullptr;
     OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
-                                    lib_sha256_, &fn));
+                                    lib_sha256_, placement.dl_device(), /*allow_models=*/true, &fn));
     const std::string& where = fn->where;
     const Tensor& dims = ctx->input(num_in);
+    if (fn->is_model() || returns_) {
+      // Sizes a returning function's outputs have are what it returns: there
+      // are none to give, and a -1 in output_shapes is a dimension not checked.
+      OP_REQUIRES(ctx, dims.NumElements() == 0,
+                  errors::InvalidArgument(where, ": returns its outputs, so output_dims must be "
+                                          "empty, got ", dims.NumElements(), " value(s)"));
+      CallReturning(ctx, placement, *fn, num_in, output_shapes_);
+      return;
+    }
     OP_REQUIRES(ctx, dims.dims() == 1 && dims.NumElements() == num_dynamic_dims_,
                 errors::InvalidArgument(where, ": output_dims holds ", dims.NumElements(),
                                         " values for ", num_dynamic_dims_,
@@ -430,10 +694,11 @@ class TVMDSOOpKernel : public CallKernel {
                     errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
       }
     }
-    Call<Placement>(ctx, *fn, num_in, shapes);
+    Call(ctx, placement, *fn, num_in, shapes);
   }
 
  private:
+  bool returns_ = false;  // a plain function that returns its outputs
   std::string lib_sha256_;
   std::vector<PartialTensorShape> output_shapes_;
   int64_t num_dynamic_dims_ = 0;
@@ -448,7 +713,8 @@ class LegacyTvmDsoOpKernel : public CallKernel {
   explicit LegacyTvmDsoOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
     std::string lib_path;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_path", &lib_path));
-    OP_REQUIRES_OK(ctx, FunctionFor(lib_path, "", &fn_));
+    // Resolved for the CPU: it is only a plain function's, on every device.
+    OP_REQUIRES_OK(ctx, FunctionFor(lib_path, "", {kDLCPU, 0}, /*allow_models=*/false, &fn_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("has_static_output_shape", &has_static_output_shape_));
     std::vector<int64_t> dims;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("static_output_shape", &dims));
@@ -482,7 +748,9 @@ class LegacyTvmDsoOpKernel : public CallKernel {
                                           ": no output shape and no input to take it from"));
       shape = ctx->input(0).shape();
     }
-    Call<Placement>(ctx, *fn_, num_in, {shape});
+    Placement placement;
+    OP_REQUIRES_OK(ctx, placement.Init(ctx));
+    Call(ctx, placement, *fn_, num_in, {shape});
   }
 
  private:
@@ -502,12 +770,16 @@ Status TVMDSOOpShape(InferenceContext* c) {
   ShapeHandle unused;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &unused));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in + 1), 0, &unused));
+  // A function that returns its outputs gives them the shapes it likes: only
+  // what output_shapes declares is known (-1 dimensions stay unknown).
+  bool returns = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("returns", &returns));
   // When output_dims is a constant its values are known now, not just the ranks.
-  const Tensor* dim_values = c->input_tensor(num_in);
+  const Tensor* dim_values = returns ? nullptr : c->input_tensor(num_in);
   int next_dynamic = 0;
   for (int i = 0; i < c->num_outputs(); ++i) {
     if (shapes[i].unknown_rank()) {
-      c->set_output(i, num_in > 0 ? c->input(0) : c->UnknownShape());
+      c->set_output(i, num_in > 0 && !returns ? c->input(0) : c->UnknownShape());
       continue;
     }
     std::vector<tensorflow::shape_inference::DimensionHandle> dims;
@@ -579,17 +851,23 @@ REGISTER_OP("TVMDSOOp")
     .Attr("lib_sha256: string = ''")
     .Attr("output_shapes: list(shape)")
     .Attr("alignment: int = 64")
+    .Attr("returns: bool = false")
     .SetShapeFn(TVMDSOOpShapeWithContext)
     .Doc(R"doc(
 Calls function `func_name` of the TVM module at path `library` with the inputs,
-then the outputs, as DLTensors (TVM's destination-passing convention).
+then the outputs, as DLTensors (TVM's destination-passing convention). A function
+of a whole model (a Relax VM executable), or any function when `returns` is true,
+takes the inputs only and returns the outputs.
 
 library: the library's path, a scalar; a tensor so that SavedModels can carry the
   library as an asset and find it wherever they are loaded.
 lib_sha256: the SHA-256 (hex) the library must have; empty for no check.
 output_dims: the sizes of the output dimensions given as -1 in `output_shapes`, in
   order (empty when every shape is static).
-output_shapes: one per output; an unknown rank means the first input's shape.
+output_shapes: one per output; an unknown rank means the first input's shape
+  (for returning functions: any shape, not checked; -1 dimensions likewise).
+returns: the function returns its outputs instead of writing them (implied for
+  the functions of a model).
 alignment: the least alignment, in bytes, of every buffer handed to TVM; misaligned
   buffers are copied through aligned scratch memory.
 )doc");

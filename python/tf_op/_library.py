@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import threading
 from pathlib import Path
@@ -19,6 +21,9 @@ TVM_LIBRARY_PATH_ENV = "TVM_LIBRARY_PATH"
 
 _lock = threading.Lock()
 _ops: ModuleType | None = None
+_describe: ctypes._CFuncPtr | None = None
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [ctypes.c_void_p]
 
 
 def library_path() -> Path:
@@ -51,3 +56,27 @@ def load() -> ModuleType:
                 os.environ[TVM_LIBRARY_PATH_ENV] = tvm_library_path()
             _ops = tf.load_op_library(str(library_path()))
         return _ops
+
+
+def describe(lib_path: str, sha256: str = "") -> dict[str, object]:
+    """What the op library sees in a TVM library: ``{"model": bool, "functions":
+    [...]}`` (a model's functions), or ``{"error": "..."}`` when it cannot load it.
+
+    The op library loads the library as the op would (the same checks, and the
+    copy the op then shares), and only a file of ``sha256`` when one is given:
+    the same op library TF loaded, reached through ctypes, so one Go runtime
+    serves both."""
+    global _describe
+    load()
+    with _lock:
+        if _describe is None:
+            # dlopen of the path TF loaded gives TF's copy back, not a second one.
+            fn = ctypes.CDLL(str(library_path())).TVMDSOOpDescribeLibrary
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            fn.restype = ctypes.c_void_p
+            _describe = fn
+    raw = _describe(os.fsencode(lib_path), sha256.encode())
+    try:
+        return json.loads(ctypes.string_at(raw).decode())
+    finally:
+        _libc.free(raw)

@@ -54,6 +54,7 @@ class Module(tf.Module):
         self._sha256 = sha256.lower() if sha256 is not None else self._digest_if_present()
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
+        self._description: dict[str, Any] | None = None
 
     @property
     def sha256(self) -> str:
@@ -65,6 +66,28 @@ class Module(tf.Module):
         if self._sha256 is None:
             self._sha256 = self._digest_if_present()
         return self._sha256 or ""
+
+    def _describe(self) -> dict[str, Any]:
+        """What the op library sees in the library (see ``_library.describe``):
+        asked once the file exists."""
+        if self._description is None:
+            if not os.path.isfile(self.lib_path):
+                return {"model": False, "error": "the library file does not exist"}
+            self._description = _library.describe(self.lib_path, self.sha256)
+        return self._description
+
+    @property
+    def is_model(self) -> bool:
+        """Whether the library is a whole model: a Relax VM executable
+        (``tvm.compile`` of Relax functions, then ``export_library``). A model's
+        functions return their outputs. False for a library that does not load
+        (yet): the op reports why when it runs."""
+        return bool(self._describe().get("model"))
+
+    def functions(self) -> list[str]:
+        """The functions of a whole model (its entry points: ``main``,
+        ``forward``, ...); empty for other libraries."""
+        return list(self._describe().get("functions") or [])
 
     def _digest_if_present(self) -> str | None:
         return _file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
@@ -89,13 +112,21 @@ class Module(tf.Module):
         output_shapes: Sequence[ShapeLike] | None = None,
         output_dtypes: Sequence[DTypeLike] | None = None,
         device: str | None = None,
+        returns: bool | None = None,
     ) -> Func:
         """The function ``name`` of the module, as a callable that adds a TVMDSOOp.
+
+        Two kinds of functions: those that write outputs TensorFlow allocates
+        (TVM's destination-passing style: ``tvm.compile`` of TIR functions,
+        ``export_library``), and those that return their outputs: every function
+        of a whole model (``is_model``), and others made with ``returns=True``.
 
         Args:
           name: the function's name in the library.
           output_shape: the output's shape (see ``ShapeLike``); None means the
-            shape of the first input.
+            shape of the first input. For a returning function: the shape the
+            output must have, as ints with None for dimensions not checked (a
+            symbolic batch), or None for any shape; the op checks what comes back.
           output_dtype: the output's dtype; None means the dtype of the first input.
           alignment: the least alignment in bytes (a power of two) of the buffers
             handed to TVM; misaligned ones are copied through aligned memory.
@@ -104,10 +135,15 @@ class Module(tf.Module):
             output_shape/output_dtype, not both.
           device: a TF device ("/CPU:0") to pin the op to; None follows TF's
             placement (``with tf.device(...)``).
+          returns: whether the function returns its outputs. None: only when the
+            library is a whole model (which ``False`` cannot change).
         """
+        if self.is_model and returns is False:
+            raise ValueError(f"tf_op: {self.lib_path} is a whole model: its function {name!r} returns its outputs")
         return Func(
             self, name, output_shape, output_dtype, alignment,
             output_shapes=output_shapes, output_dtypes=output_dtypes, device=device,
+            returns=bool(returns) or self.is_model,
         )
 
     def __getitem__(self, name: str) -> Func:
@@ -151,9 +187,11 @@ class Func(tf.Module):
         output_shapes: Sequence[ShapeLike] | None = None,
         output_dtypes: Sequence[DTypeLike] | None = None,
         device: str | None = None,
+        returns: bool = False,
     ) -> None:
         super().__init__()
         self.module = module
+        self.returns = returns
         self.func_name = name
         if not isinstance(name, str) or not name or "\0" in name:
             raise ValueError(f"tf_op: function name must be a non-empty string without NUL bytes, got {name!r}")
@@ -178,7 +216,10 @@ class Func(tf.Module):
         else:
             shapes, dtypes = [output_shape], [output_dtype]
         for i, shape in enumerate(shapes):
-            _check_shape(shape, f"tf_op: {self}: output {i} shape")
+            if returns:
+                _check_returned_shape(shape, f"tf_op: {self}: output {i} shape")
+            else:
+                _check_shape(shape, f"tf_op: {self}: output {i} shape")
         self._outputs = _Outputs(tuple(shapes), tuple(None if d is None else tf.as_dtype(d) for d in dtypes))
         # Variables giving sizes are tracked, so that they are saved with the function.
         self._shape_variables = [v for v in _flatten(shapes) if isinstance(v, tf.Variable)]
@@ -203,6 +244,9 @@ class Func(tf.Module):
                 dtypes.append(dtype if dtype is not None else inputs[0].dtype)
             shapes, dims = [], []
             for i, shape in enumerate(self.output_shapes):
+                if self.returns:
+                    shapes.append(tf.TensorShape(shape))
+                    continue
                 if shape is None and not inputs:
                     raise ValueError(f"tf_op: {self}: output {i} takes the first input's shape, but there is no input")
                 static, dynamic = _shape_attr(shape, f"tf_op: {self}: output {i} shape")
@@ -218,6 +262,7 @@ class Func(tf.Module):
                 func_name=self.func_name,
                 lib_sha256=self.module.sha256,
                 alignment=self.alignment,
+                returns=self.returns,
             )
         return tuple(outputs) if self.multiple_outputs else outputs[0]
 
@@ -285,6 +330,20 @@ def _check_shape(shape: ShapeLike, where: str) -> None:
             continue
         if not _is_int(d) or d < 0:
             raise ValueError(f"{where} must hold ints >= 0 or scalar int tensors, got {shape!r}")
+
+
+def _check_returned_shape(shape: ShapeLike, where: str) -> None:
+    """A returning function's declared shape: what it returns is checked against
+    it, so it holds ints and None (a dimension not checked), never tensors."""
+    if shape is None:
+        return
+    if isinstance(shape, tf.TensorShape):
+        return
+    if _is_tensor(shape) or isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ValueError(f"{where}: a function that returns its outputs takes a list of ints and None, got {shape!r}")
+    for d in shape:
+        if d is not None and (not _is_int(d) or d < 0):
+            raise ValueError(f"{where}: a function that returns its outputs takes a list of ints >= 0 and None, got {shape!r}")
 
 
 def _shape_attr(shape: ShapeLike, where: str) -> tuple[tf.TensorShape, list[tf.Tensor]]:

@@ -7,7 +7,10 @@
 
 #include <tvm/ffi/string.h>
 
+#include <tvm/ffi/container/array.h>
+
 #include <complex>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -79,8 +82,49 @@ void CurrentStream(TensorView out, int64_t device_type, int64_t device_id) {
       TVMFFIEnvGetStream(static_cast<int32_t>(device_type), static_cast<int32_t>(device_id)));
 }
 
+// Functions that return their outputs (TVMDSOOp's returns=True).
+
+// x itself: the output aliases the input, which TF must then never write into.
+tvm::ffi::Tensor Identity(tvm::ffi::Tensor x) { return x; }
+
+// Host memory 4 bytes past a 64-byte boundary, which TF cannot take as a
+// tensor's buffer: the op must copy what lives there.
+struct MisalignedAlloc {
+  void AllocData(DLTensor* t) {
+    size_t bytes = (t->dtype.bits + 7) / 8;
+    for (int i = 0; i < t->ndim; ++i) bytes *= static_cast<size_t>(t->shape[i]);
+    char* block = static_cast<char*>(std::aligned_alloc(64, (bytes + 4 + 63) / 64 * 64));
+    if (block == nullptr) TVM_FFI_THROW(MemoryError) << "out of memory";
+    t->data = block + 4;
+  }
+  void FreeData(DLTensor* t) { std::free(static_cast<char*>(t->data) - 4); }
+};
+
+// x + 1 for float32, in memory TF cannot take.
+tvm::ffi::Tensor AddOneMisaligned(TensorView x) {
+  CheckDtype(x, kDLFloat, 32, "float32");
+  tvm::ffi::Tensor y = tvm::ffi::Tensor::FromNDAlloc(MisalignedAlloc(), x.shape(), x.dtype(), x.device());
+  const auto* in = static_cast<const float*>(x.data_ptr());
+  auto* out = static_cast<float*>(y.data_ptr());
+  for (int64_t i = 0; i < NumElements(x); ++i) out[i] = in[i] + 1.0f;
+  return y;
+}
+
+// (x, a new tensor x * 2): a tuple of two.
+tvm::ffi::Array<tvm::ffi::Tensor> WithDouble(tvm::ffi::Tensor x) {
+  CheckDtype(x, kDLFloat, 32, "float32");
+  tvm::ffi::Tensor y = tvm::ffi::Tensor::FromNDAlloc(MisalignedAlloc(), x.shape(), x.dtype(), x.device());
+  const auto* in = static_cast<const float*>(x.data_ptr());
+  auto* out = static_cast<float*>(y.data_ptr());
+  for (int64_t i = 0; i < NumElements(x); ++i) out[i] = in[i] * 2.0f;
+  return {x, y};
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(identity, Identity);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_one_misaligned, AddOneMisaligned);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(with_double, WithDouble);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(current_stream, CurrentStream);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_int, AddInt);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, Scale);

@@ -1,0 +1,59 @@
+package main
+
+// #include <stdlib.h>
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
+)
+
+// libraryDescription is what TVMDSOOpDescribeLibrary tells about a library.
+type libraryDescription struct {
+	Model     bool     `json:"model"`               // a Relax VM executable: its functions return their outputs
+	Functions []string `json:"functions,omitempty"` // a model's functions
+	Error     string   `json:"error,omitempty"`
+}
+
+// TVMDSOOpDescribeLibrary loads the library at path (as the op would, sharing
+// the loaded copy; when sha256 is not empty, only a file of that SHA-256) and returns a malloc'ed JSON object: {"model": bool,
+// "functions": [...]} or {"error": "..."}. The Python package asks it whether a
+// library is a whole model, whose functions return their outputs, when it adds
+// the op to a graph. Free the result with free().
+//
+//export TVMDSOOpDescribeLibrary
+func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
+	var d libraryDescription
+	func() {
+		// A Go panic must not unwind into the caller's C frames.
+		defer func() {
+			if r := recover(); r != nil {
+				d = libraryDescription{Error: fmt.Sprintf("internal error: %v", r)}
+			}
+		}()
+		// Checked before loading: loading runs the library's code.
+		if want := C.GoString(sha256); want != "" {
+			got, err := dsoop.FileSHA256(C.GoString(path))
+			if err != nil || !strings.EqualFold(got, want) {
+				d.Error = fmt.Sprintf("not loaded: the library's SHA-256 is not %s", want)
+				return
+			}
+		}
+		// Left open, as the kernels leave theirs: the op shares the loaded copy.
+		module, err := dsoop.Open(C.GoString(path))
+		if err != nil {
+			d.Error = err.Error()
+			return
+		}
+		if d.Model = module.IsVM(); d.Model {
+			if d.Functions, err = module.VMFunctions(); err != nil {
+				d.Error = err.Error()
+			}
+		}
+	}()
+	out, _ := json.Marshal(d)
+	return C.CString(string(out))
+}

@@ -1,0 +1,19 @@
+// target.h: what a kernel calls, as Go resolves it for the C++ kernels
+// (tvmdsoopResolve in kernels.go): a plain function, or a function of a whole
+// model (a Relax VM executable) with the pool of VM instances that runs it.
+#ifndef TVMDSOOP_KERNELS_TARGET_H_
+#define TVMDSOOP_KERNELS_TARGET_H_
+
+#include <stdint.h>
+
+#include "dsoop/dsoop.h"
+#include "dsoop/vm.h"
+
+typedef struct {
+  DsoopFunction fn;     // a plain function; fn.handle is NULL for a model's
+  DsoopVMPool* pool;    // a model's function: its pool, and its index there
+  int32_t vm_index;
+  int64_t arity;        // the model function's number of inputs; -1 for plain functions
+} TvmdsoopTarget;
+
+#endif  // TVMDSOOP_KERNELS_TARGET_H_
