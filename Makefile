@@ -60,10 +60,13 @@ test-python:
 # network) runs it from a build/gpu/ made elsewhere; it builds only when missing.
 GPU_HARNESS := $(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/slow_fill.so $(BUILD)/gpu/tvm_add_one.so $(BUILD)/gpu/results.json
 GPU_CUDALOAD := TVM_LIBRARY_PATH=$(BUILD)/gpu:$(BUILD)/gpu/tvm $(BUILD)/gpu/cudaload $(BUILD)/gpu/tvm_add_one_lib.so
+GPU_MODELS := $(BUILD)/gpu/model_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/tvm/libtvm_runtime.so \
+	$(BUILD)/gpu/tvm/libcudart.so.13 $(BUILD)/gpu/tvm/libtvm_runtime_cuda.so $(BUILD)/gpu/models
 test-gpu:
-	test -x $(BUILD)/gpu/cudaload || $(MAKE) --no-print-directory build
+	test -x $(BUILD)/gpu/model_harness || $(MAKE) --no-print-directory build
 	$(GPU_HARNESS)
 	$(GPU_CUDALOAD)
+	$(GPU_MODELS)
 
 demo: build
 	$(PYTHON) examples/demo.py

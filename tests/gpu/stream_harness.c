@@ -29,7 +29,6 @@
 // The CUDA driver is loaded at run time (no toolkit needed to build). Exit status
 // 0 when 1 and 3 hold, 1 when not, 2 when there is no GPU (no driver, or no
 // device), 3 when the driver is older than CUDA 13, which the libraries need.
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,40 +36,11 @@
 #include <time.h>
 
 #include "dsoop/dsoop.h"
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef void* CUcontext;
-typedef void* CUstream;
-typedef unsigned long long CUdeviceptr;
-typedef void* CUevent;
-
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*driver_get_version)(int*);
-  CUresult (*device_get)(CUdevice*, int);
-  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
-  CUresult (*ctx_set_current)(CUcontext);
-  CUresult (*stream_create)(CUstream*, unsigned);
-  CUresult (*stream_query)(CUstream);
-  CUresult (*stream_synchronize)(CUstream);
-  CUresult (*ctx_synchronize)(void);
-  CUresult (*mem_alloc)(CUdeviceptr*, size_t);
-  CUresult (*memset_d32)(CUdeviceptr, unsigned, size_t);
-  CUresult (*memcpy_dtoh_async)(void*, CUdeviceptr, size_t, CUstream);
-  CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*device_get_name)(char*, int, CUdevice);
-  CUresult (*event_create)(CUevent*, unsigned);
-  CUresult (*event_record)(CUevent, CUstream);
-  CUresult (*event_synchronize)(CUevent);
-  CUresult (*event_elapsed_time)(float*, CUevent, CUevent);
-} cu;
+#include "tests/gpu/cuda_driver.h"
 
 // raw_add_one from tvm_add_one.so: TVM's kernel launched directly.
 typedef int (*RawAddOne)(float* x, float* y, int n, void* stream);
 
-enum { kNonBlocking = 1, kNoDevice = 100, kNotReady = 600 };
-enum { kPassed = 0, kFailed = 1, kNoGpu = 2, kDriverTooOld = 3 };
 enum { kN = 1 << 20 };
 static const long long kSlowFillNanoseconds = 200 * 1000 * 1000;
 // Ordering under stress: rounds, floats a round, GPU time of each slow_fill.
@@ -84,47 +54,6 @@ enum { kBandwidthN = 1 << 26, kBandwidthRounds = 21 };
 // The goals of the measurements (issue: GPU proof), printed beside the figures.
 static const double kOverheadGoalUs = 3.0;
 static const double kBandwidthGoalRatio = 0.85;
-
-static int check(CUresult rc, const char* what) {
-  if (rc != 0) fprintf(stderr, "stream_harness: %s: CUDA error %d\n", what, rc);
-  return rc == 0;
-}
-
-static int load_driver(void) {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (lib == NULL) return 0;
-#define SYM(field, name)                            \
-  if ((*(void**)(&cu.field) = dlsym(lib, name)) == NULL) { \
-    fprintf(stderr, "stream_harness: libcuda.so.1 lacks %s\n", name); \
-    return 0;                                        \
-  }
-  SYM(init, "cuInit");
-  SYM(driver_get_version, "cuDriverGetVersion");
-  SYM(device_get, "cuDeviceGet");
-  SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-  SYM(ctx_set_current, "cuCtxSetCurrent");
-  SYM(stream_create, "cuStreamCreate");
-  SYM(stream_query, "cuStreamQuery");
-  SYM(stream_synchronize, "cuStreamSynchronize");
-  SYM(ctx_synchronize, "cuCtxSynchronize");
-  SYM(mem_alloc, "cuMemAlloc_v2");
-  SYM(memset_d32, "cuMemsetD32_v2");
-  SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");
-  SYM(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
-  SYM(device_get_name, "cuDeviceGetName");
-  SYM(event_create, "cuEventCreate");
-  SYM(event_record, "cuEventRecord");
-  SYM(event_synchronize, "cuEventSynchronize");
-#undef SYM
-  // The _v2 name since CUDA 12.8; older drivers have only the first.
-  *(void**)(&cu.event_elapsed_time) = dlsym(lib, "cuEventElapsedTime_v2");
-  if (cu.event_elapsed_time == NULL) *(void**)(&cu.event_elapsed_time) = dlsym(lib, "cuEventElapsedTime");
-  if (cu.event_elapsed_time == NULL) {
-    fprintf(stderr, "stream_harness: libcuda.so.1 lacks cuEventElapsedTime\n");
-    return 0;
-  }
-  return 1;
-}
 
 // A float32 vector of shape[0] elements at `data` on CUDA device 0, as argument `arg`.
 static void set_tensor(DLTensor* t, TVMFFIAny* arg, CUdeviceptr data, int64_t* shape) {
@@ -355,35 +284,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: stream_harness LIBTVM_FFI.so SLOW_FILL.so TVM_ADD_ONE.so [RESULTS.json]\n");
     return kFailed;
   }
-  // Load every kernel when its library loads: CUDA's lazy loading would load
-  // them at their first launch, which may synchronise the context, and the first
-  // launches happen inside the timed sequence.
-  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
-  if (!load_driver()) {
-    fprintf(stderr, "stream_harness: no CUDA driver (libcuda.so.1): no GPU here\n");
-    return kNoGpu;
-  }
-  CUresult rc = cu.init(0);
-  if (rc == kNoDevice) {
-    fprintf(stderr, "stream_harness: the CUDA driver sees no GPU\n");
-    return kNoGpu;
-  }
   CUdevice device;
-  CUcontext context;
-  if (!check(rc, "cuInit") || !check(cu.device_get(&device, 0), "device 0")) return kFailed;
-  // The libraries link CUDA 13's runtime (as apache-tvm 0.27's CUDA runtime does),
-  // which needs a driver for CUDA 13 or newer.
   int driver_version = 0;
-  if (!check(cu.driver_get_version(&driver_version), "driver version")) return kFailed;
-  printf("CUDA driver API %d.%d\n", driver_version / 1000, driver_version % 1000 / 10);
-  if (driver_version < 13000) {
-    fprintf(stderr, "stream_harness: the driver is older than CUDA 13, which the libraries need\n");
-    return kDriverTooOld;
-  }
-  if (!check(cu.primary_ctx_retain(&context, device), "context") ||
-      !check(cu.ctx_set_current(context), "context")) {
-    return kFailed;
-  }
+  const int started = start_cuda("stream_harness", &device, &driver_version);
+  if (started != kPassed) return started;
   DsoopError err = {NULL, NULL};
   if (dsoop_runtime_init(argv[1], "", &err) != 0) {
     fprintf(stderr, "stream_harness: %s: %s\n", err.kind, err.message);
