@@ -34,23 +34,37 @@ const DynamicDim = -1
 type Module struct {
 	path   string
 	sha256 string
+	model  bool // a whole model: its functions return their outputs
 }
 
 // NewModule names the library at path (made absolute, so graphs do not depend on
 // the working directory). The graph records the file's SHA-256, and the op
 // refuses a library with another one; a file that does not exist yet records
-// none.
+// none. A library that exists is loaded now (as the op would load it, and
+// shared with it) to learn whether it is a whole model (a Relax VM executable),
+// whose functions return their outputs.
 func NewModule(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
 	m := &Module{path: abs}
-	if digest, err := dsoop.FileSHA256(abs); err == nil {
-		m.sha256 = digest
+	digest, err := dsoop.FileSHA256(abs)
+	if err != nil {
+		return m, nil // reported by the op when the graph runs
 	}
+	m.sha256 = digest
+	// Left open, as the op leaves the libraries it loads: they share one copy.
+	module, err := dsoop.Open(abs)
+	if err != nil {
+		return nil, fmt.Errorf("tfbridge: %w", err)
+	}
+	m.model = module.IsVM()
 	return m, nil
 }
+
+// IsModel reports whether the library is a whole model (see dsoop.Module.IsVM).
+func (m *Module) IsModel() bool { return m.model }
 
 // Path is the library's absolute path.
 func (m *Module) Path() string { return m.path }
@@ -64,7 +78,9 @@ type Output struct {
 	DType tf.DataType
 	// Shape is the output's shape; nil means the first input's shape. Sizes of
 	// DynamicDim are given when the graph runs (see Func.CallWithDims); use an
-	// empty, non-nil slice for a scalar.
+	// empty, non-nil slice for a scalar. For a function that returns its outputs
+	// (a model's, or one made WithReturns), Shape is what the output must have:
+	// nil for any shape, DynamicDim for a size not checked.
 	Shape []int64
 }
 
@@ -103,12 +119,23 @@ func WithAlignment(alignment int64) Option {
 	}
 }
 
+// WithReturns declares a function that returns its outputs rather than writing
+// outputs TF allocates. Every function of a whole model does; this is for
+// other libraries' functions that do.
+func WithReturns() Option {
+	return func(f *Func) error {
+		f.returns = true
+		return nil
+	}
+}
+
 // Func is a function of a Module that can be added to graphs.
 type Func struct {
 	module    *Module
 	name      string
 	outputs   []Output
 	alignment int64
+	returns   bool
 }
 
 // Func declares the function name of the module.
@@ -116,7 +143,7 @@ func (m *Module) Func(name string, opts ...Option) (*Func, error) {
 	if name == "" {
 		return nil, errors.New("tfbridge: empty function name")
 	}
-	f := &Func{module: m, name: name, outputs: []Output{{}}, alignment: 64}
+	f := &Func{module: m, name: name, outputs: []Output{{}}, alignment: 64, returns: m.model}
 	for _, opt := range opts {
 		if err := opt(f); err != nil {
 			return nil, fmt.Errorf("tfbridge: function %q of %s: %w", name, m.path, err)
@@ -145,6 +172,10 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 		return nil
 	}
 	s = s.SubScope(f.name)
+	if dims != nil && f.returns {
+		s.UpdateErr(OpType, fmt.Errorf("function %q of %s returns its outputs: it takes no output sizes (use Call)", f.name, f.module.path))
+		return nil
+	}
 	if dims == nil {
 		noDims := op.Const(s.SubScope("output_dims"), []int64{})
 		dims = &noDims
@@ -152,7 +183,7 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 	dtypes := make([]tf.DataType, len(f.outputs))
 	shapes := make([]tf.Shape, len(f.outputs))
 	for i, o := range f.outputs {
-		if (o.DType == 0 || o.Shape == nil) && len(inputs) == 0 {
+		if (o.DType == 0 || (o.Shape == nil && !f.returns)) && len(inputs) == 0 {
 			s.UpdateErr(OpType, fmt.Errorf("function %q of %s: output %d takes the first input's type or shape, but there is no input", f.name, f.module.path, i))
 			return nil
 		}
@@ -162,7 +193,7 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 		}
 		if o.Shape != nil {
 			shapes[i] = tf.MakeShape(o.Shape...)
-		} // the zero Shape has an unknown rank: the op's "first input's shape"
+		} // the zero Shape has an unknown rank: the first input's shape, or for a returning function any shape
 	}
 	library := op.Const(s.SubScope("library"), f.module.path)
 	operation := s.AddOperation(tf.OpSpec{
@@ -174,6 +205,7 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 			"func_name":     f.name,
 			"lib_sha256":    f.module.sha256,
 			"alignment":     f.alignment,
+			"returns":       f.returns,
 		},
 	})
 	if operation == nil {

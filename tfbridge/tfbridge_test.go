@@ -19,8 +19,9 @@ import (
 )
 
 // testLib is tests/modules' testfuncs.so; savedModelDir a SavedModel exported
-// from Python with tf_op (tests/modules/export_saved_model.py).
-var testLib, savedModelDir string
+// from Python with tf_op (tests/modules/export_saved_model.py); modelsDir the
+// whole models of tests/modules/build_models.py.
+var testLib, savedModelDir, modelsDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "tfbridge-test")
@@ -30,13 +31,14 @@ func TestMain(m *testing.M) {
 	for _, args := range [][]string{
 		{"tests/modules/build_modules.py", dir},
 		{"tests/modules/export_saved_model.py", filepath.Join(dir, "testfuncs.so"), dir},
+		{"tests/modules/build_models.py", filepath.Join(dir, "models")},
 	} {
 		if err := testenv.RunPython("..", args[0], args[1:]...); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}
-	testLib, savedModelDir = filepath.Join(dir, "testfuncs.so"), dir
+	testLib, savedModelDir, modelsDir = filepath.Join(dir, "testfuncs.so"), dir, filepath.Join(dir, "models")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -266,4 +268,84 @@ func mustSlice(t *testing.T, s tf.Shape) []int64 {
 	dims, err := s.ToSlice()
 	require.NoError(t, err)
 	return dims
+}
+
+// TestWholeModel runs a model compiled by TVM from relax.frontend.nn (an MLP whose
+// weights are inputs) in a Go TF session, at several batch sizes through one
+// graph, against the MLP computed in Go.
+func TestWholeModel(t *testing.T) {
+	m, err := tfbridge.NewModule(filepath.Join(modelsDir, "mlp.so"))
+	require.NoError(t, err)
+	require.True(t, m.IsModel())
+	forward, err := m.Func("forward", tfbridge.WithOutputs(tfbridge.Output{Shape: []int64{tfbridge.DynamicDim, 8}}))
+	require.NoError(t, err)
+
+	s := op.NewScope()
+	x := op.Placeholder(s.SubScope("x"), tf.Float, op.PlaceholderShape(tf.MakeShape(-1, 16)))
+	shapes := [][]int64{{32, 16}, {32}, {8, 32}, {8}}
+	weights := make([][]float32, len(shapes))
+	inputs := []tf.Output{x}
+	for p, shape := range shapes {
+		n := int64(1)
+		for _, d := range shape {
+			n *= d
+		}
+		weights[p] = make([]float32, n)
+		for i := range weights[p] {
+			weights[p][i] = float32((p+1)*(i%7)-3) / 16
+		}
+		value, err := tf.NewTensor(weights[p])
+		require.NoError(t, err)
+		require.NoError(t, value.Reshape(shape))
+		inputs = append(inputs, op.Const(s.SubScope(fmt.Sprint("p", p)), value))
+	}
+	y := forward.Call(s, inputs...)
+	require.Len(t, y, 1)
+	assert.Equal(t, []int64{-1, 8}, mustSlice(t, y[0].Shape()))
+	graph, err := s.Finalize()
+	require.NoError(t, err)
+	session, err := tf.NewSession(graph, nil)
+	require.NoError(t, err)
+	defer session.Close()
+
+	for _, batch := range []int{1, 5} {
+		rows := make([][]float32, batch)
+		for b := range rows {
+			rows[b] = make([]float32, 16)
+			for i := range rows[b] {
+				rows[b][i] = float32((b*16+i)%11) / 10
+			}
+		}
+		input, err := tf.NewTensor(rows)
+		require.NoError(t, err)
+		out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, y, nil)
+		require.NoError(t, err)
+		got := out[0].Value().([][]float32)
+		require.Len(t, got, batch)
+		for b := range rows {
+			hidden := make([]float32, 32)
+			for o := range hidden {
+				sum := weights[1][o]
+				for i := 0; i < 16; i++ {
+					sum += rows[b][i] * weights[0][o*16+i]
+				}
+				hidden[o] = max(sum, 0)
+			}
+			for o := 0; o < 8; o++ {
+				want := weights[3][o]
+				for i := 0; i < 32; i++ {
+					want += hidden[i] * weights[2][o*32+i]
+				}
+				assert.InDelta(t, want, got[b][o], 1e-4, "batch %d row %d output %d", batch, b, o)
+			}
+		}
+	}
+
+	// The op checks the input count against the model's.
+	s = op.NewScope()
+	x = op.Placeholder(s.SubScope("x"), tf.Float, op.PlaceholderShape(tf.MakeShape(-1, 16)))
+	y = forward.Call(s, x)
+	_, err = run(t, s, x, [][]float32{make([]float32, 16)}, y...)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "takes 5 input(s), got 1")
 }
