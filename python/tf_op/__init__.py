@@ -15,9 +15,10 @@ from types import ModuleType
 
 from tf_op import _library
 from tf_op._library import library_path
+from tf_op.keras_layer import ModelLayer
 from tf_op.module import Func, Module, OpModule
 
-__all__ = ["Func", "Module", "OpModule", "library_path", "ops"]
+__all__ = ["Func", "ModelLayer", "Module", "OpModule", "library_path", "ops"]
 
 _library.load()
 

@@ -36,3 +36,26 @@ def testlib(modules_dir: Path) -> str:
 def ffilib(modules_dir: Path) -> str:
     """ffifuncs.so (tvm-ffi C++): conj_complex64/128, pointer_probe, raise_*."""
     return str(modules_dir / "ffifuncs.so")
+
+
+#: What tests/modules/build_models.py must write for the whole-model tests; it
+#: skips a model it cannot build, so the fixture checks that each is there.
+MODEL_FILES = (
+    "cnn.keras", "cnn_b1.so", "cnn_b4.so", "mlp.so", "mlp_params.npz",
+    "two_outputs.so", "onnx_model.so", "onnx_model.onnx",
+)
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole-model libraries (Relax VM executables), built once per session.
+
+    keras_cnn.py (TensorFlow) writes the Keras CNN and its TFLite forms, then
+    build_models.py (TVM) compiles them and the other models: two subprocesses,
+    so TVM's compiler never shares a process with TensorFlow."""
+    out = tmp_path_factory.mktemp("tvm_models")
+    subprocess.run([sys.executable, str(MODULES_DIR / "keras_cnn.py"), str(out), "--batch", "1", "4"], check=True)
+    subprocess.run([sys.executable, str(MODULES_DIR / "build_models.py"), str(out)], check=True)
+    missing = [name for name in MODEL_FILES if not (out / name).is_file()]
+    assert not missing, f"build_models.py did not write {missing}"
+    return out
