@@ -1,6 +1,7 @@
 """Runs one comparison in this process and writes its figures as flat JSON.
 
     python bench/compare.py {overhead,overhead_grappler,py_function,large} LIB OUT.json [--rounds N]
+    python bench/compare.py model MODELS_DIR OUT.json [--rounds N]
 
 bench/run.py starts one process per comparison, so that contenders compared with
 each other share a process (and are timed interleaved, see timing.py) and no
@@ -11,6 +12,7 @@ imported here: the TVM function is called through the tvm_ffi runtime only.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import json
 import statistics
@@ -19,7 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from common import CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, PY_FUNCTION_SIZE, aligned_empty, quiet_tensorflow
+from common import (
+    CHAIN,
+    LARGE_KEY_SIZE,
+    LARGE_SIZES,
+    MODEL_BATCHES,
+    MODEL_CHAIN,
+    PY_FUNCTION_SIZE,
+    VM_DIRECT,
+    aligned_empty,
+    quiet_tensorflow,
+)
 
 quiet_tensorflow()
 
@@ -28,7 +40,8 @@ import tensorflow as tf  # noqa: E402
 import tvm_ffi  # noqa: E402
 
 import tf_op  # noqa: E402
-from timing import Timings, interleave  # noqa: E402
+from tf_op.tvm_paths import tvm_library_path  # noqa: E402
+from timing import SelfTimed, Timings, interleave, quartiles  # noqa: E402
 
 Results = dict[str, float | int | str]
 UnaryOp = Callable[[tf.Tensor], tf.Tensor]

@@ -193,7 +193,9 @@ func TestVMPoolIsBounded(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	assert.Equal(t, 2, f.Instances(), "8 goroutines share at most 2 VM instances")
+	// How many were needed depends on how the calls overlapped; never more than 2.
+	assert.LessOrEqual(t, f.Instances(), 2, "8 goroutines share at most 2 VM instances")
+	assert.GreaterOrEqual(t, f.Instances(), 1)
 
 	t.Setenv(dsoop.VMInstancesEnv, "0")
 	m, err := dsoop.Open(modelsDir + "/mlp.so")
