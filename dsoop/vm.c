@@ -200,11 +200,19 @@ int32_t dsoop_vm_pool_size(DsoopVMPool* p) {
 // The arity of VM function `name` on inst: 1 with *arity set, 0 when inst has no
 // VM function of that name. The VM also answers to its own methods
 // (vm_initialization, ...) and knows the model's kernels by name, but calls
-// neither as a model function: a name it cannot give an arity for, or cannot
-// make a closure of, is not one.
+// neither as a model function: a name it cannot make a closure of, or give an
+// arity for, is not one. The lookup comes first: it answers "none" for unknown
+// names without raising (a raised TVM error builds a backtrace, which takes
+// seconds the first time in a process).
 static int vm_function_arity(Instance* inst, const char* name, int64_t* arity, DsoopError* err) {
+  DsoopError not_one = {NULL, NULL};
+  DsoopFunction fn;
+  int found = dsoop_module_get_function(inst->vm, name, &fn, &not_one);
+  dsoop_error_clear(&not_one);
+  if (found != 1) return 0;
+  dsoop_object_release(fn.handle);
   DsoopFunction get_arity;
-  int found = dsoop_module_get_function(inst->vm, "get_function_arity", &get_arity, err);
+  found = dsoop_module_get_function(inst->vm, "get_function_arity", &get_arity, err);
   if (found != 1) {
     return found == 0 ? dsoop_error_set(err, "TypeError", "the VM has no get_function_arity") : -1;
   }
@@ -213,19 +221,13 @@ static int vm_function_arity(Instance* inst, const char* name, int64_t* arity, D
   arg.zero_padding = 0;
   arg.v_c_str = name;
   DsoopValue value;
-  DsoopError not_one = {NULL, NULL};
   const int rc = dsoop_function_call_value(&get_arity, &arg, 1, &value, &not_one);
   dsoop_object_release(get_arity.handle);
+  dsoop_error_clear(&not_one);
   if (rc != 0 || value.type_index != kTVMFFIInt || value.v_int < 0) {
-    dsoop_error_clear(&not_one);
     free(value.v_str);
     return 0;
   }
-  DsoopFunction fn;
-  found = dsoop_module_get_function(inst->vm, name, &fn, &not_one);
-  dsoop_error_clear(&not_one);
-  if (found != 1) return 0;
-  dsoop_object_release(fn.handle);
   *arity = value.v_int;
   return 1;
 }
