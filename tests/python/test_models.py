@@ -9,11 +9,8 @@ subprocesses: TVM's compiler is never imported here."""
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import shutil
-import subprocess
 import sys
 import textwrap
 import threading
@@ -27,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
+from helpers import buffer_address, run_python
 
 #: The largest difference allowed between TVM's float32 results and a reference.
 ATOL = 1e-5
@@ -35,22 +33,6 @@ ATOL = 1e-5
 # --- helpers and fixtures --------------------------------------------------------
 
 
-def buffer_address(t: tf.Tensor) -> int:
-    """The address of an eager tensor's buffer (``numpy()`` might copy): read from
-    the DLTensor that TF's own DLPack export shares the buffer through."""
-    capsule = tf.experimental.dlpack.to_dlpack(t)
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype = ctypes.c_void_p
-    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    managed = get_pointer(capsule, b"dltensor")
-    return ctypes.c_void_p.from_address(managed).value  # DLTensor.data comes first
-
-
-def run_python(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Runs script in a fresh interpreter, as a server would load a model."""
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=dict(os.environ)
-    )
 
 
 def mlp_reference(x: np.ndarray, p: list[np.ndarray]) -> np.ndarray:

@@ -3,7 +3,6 @@ alignment and zero copy, threads, and graphs written for the old TvmDsoOp."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import threading
@@ -15,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
+from helpers import buffer_address
 
 TVM_DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -31,16 +31,6 @@ def mod(testlib: str) -> tf_op.Module:
 def ffi(ffilib: str) -> tf_op.Module:
     return tf_op.Module(ffilib)
 
-
-def buffer_address(t: tf.Tensor) -> int:
-    """The address of an eager tensor's buffer (``numpy()`` would copy): read from
-    the DLTensor that TF's own DLPack export shares the buffer through."""
-    capsule = tf.experimental.dlpack.to_dlpack(t)
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype = ctypes.c_void_p
-    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    managed = get_pointer(capsule, b"dltensor")
-    return ctypes.c_void_p.from_address(managed).value  # DLTensor.data comes first
 
 
 # --- several outputs -------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tf_op.tvm_paths import tvm_library_path
+from helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT_SCRIPT = ROOT / "tests" / "modules" / "export_saved_model.py"
@@ -41,12 +42,6 @@ LOAD_SCRIPT = textwrap.dedent(
     """
 )
 
-
-def run_python(script: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})},
-    )
 
 
 def export_expected(tmp_path: Path, testlib: str) -> tuple[Path, dict]:

@@ -1,0 +1,32 @@
+"""What several test files share that is not a fixture."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tensorflow as tf
+
+
+def buffer_address(t: tf.Tensor) -> int:
+    """The address of an eager tensor's buffer (``numpy()`` might copy): read from
+    the DLTensor that TF's own DLPack export shares the buffer through."""
+    capsule = tf.experimental.dlpack.to_dlpack(t)
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = get_pointer(capsule, b"dltensor")
+    return ctypes.c_void_p.from_address(managed).value  # DLTensor.data comes first
+
+
+def run_python(
+    script: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Runs script in a fresh interpreter, as a server would load a model."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})},
+    )
