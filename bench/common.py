@@ -44,7 +44,7 @@ MEMORY_SIZE: Final = 64 << 20
 MODEL_BATCHES: Final = (1, 32)
 #: Model calls per tf.function call in the whole-model comparison (and 1: the
 #: slope between the two is the cost of one call inside a graph).
-MODEL_CHAIN: Final = 20
+MODEL_CHAIN: Final = 50
 
 #: Each key's goal: (comparison, bound). "<=" keys must stay at or below it.
 GOALS: Final[dict[str, tuple[str, float]]] = {

@@ -15,6 +15,7 @@ import argparse
 import ctypes
 import functools
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -261,18 +262,205 @@ def large_size(
     return out
 
 
+#: The largest difference allowed between TVM's float32 outputs and Keras's
+#: (what tests/python/test_models.py allows).
+MODEL_ATOL = 1e-5
+
+
+def tvm_runtime_libraries() -> tuple[str, str]:
+    """The libtvm_ffi.so and libtvm_runtime.so the op library opens: the first of
+    each on $TVM_LIBRARY_PATH (set by tf_op when unset), as dsoop/runtime.go finds
+    them. dlopen of the same files gives this process's copies back."""
+    found: dict[str, str] = {}
+    for folder in (os.environ.get("TVM_LIBRARY_PATH") or tvm_library_path()).split(os.pathsep):
+        for name in ("libtvm_ffi.so", "libtvm_runtime.so"):
+            path = Path(folder, name)
+            if name not in found and folder and path.is_file():
+                found[name] = str(path)
+    if "libtvm_ffi.so" not in found:
+        raise FileNotFoundError("no libtvm_ffi.so on TVM_LIBRARY_PATH: install apache-tvm-ffi")
+    return found["libtvm_ffi.so"], found.get("libtvm_runtime.so", "")
+
+
+class VmDirect:
+    """A model's one-input function run by TVM's VM from a C loop
+    (bench/vm_direct.c): no Python and no TensorFlow per call, the baseline of
+    the whole-model comparison. Loaded once; each ``time`` call is one C loop."""
+
+    def __init__(self, model_lib: Path, function: str, x: np.ndarray) -> None:
+        if not VM_DIRECT.is_file():
+            raise FileNotFoundError(f"{VM_DIRECT} is missing: run `make build`")
+        lib = ctypes.CDLL(str(VM_DIRECT))
+        lib.vm_direct_open.restype = ctypes.c_void_p
+        floats, text = ctypes.POINTER(ctypes.c_float), ctypes.c_char_p
+        shape_type = ctypes.POINTER(ctypes.c_int64)
+        lib.vm_direct_open.argtypes = [text, text, text, text, floats, shape_type, ctypes.c_int, text, ctypes.c_int]
+        lib.vm_direct_output.restype = ctypes.c_int64
+        lib.vm_direct_output.argtypes = [ctypes.c_void_p, floats, ctypes.c_int64, text, ctypes.c_int]
+        lib.vm_direct_time.restype = ctypes.c_double
+        lib.vm_direct_time.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.vm_direct_close.restype = None
+        lib.vm_direct_close.argtypes = [ctypes.c_void_p]
+        self._lib = lib
+        self._err = ctypes.create_string_buffer(4096)
+        ffi, runtime = tvm_runtime_libraries()
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        shape = (ctypes.c_int64 * x.ndim)(*x.shape)
+        paths = [ffi.encode(), runtime.encode(), str(model_lib).encode(), function.encode()]
+        self._handle: int | None = lib.vm_direct_open(
+            *paths, x.ctypes.data_as(floats), shape, x.ndim, self._err, len(self._err)
+        )
+        if not self._handle:
+            raise RuntimeError(f"vm_direct: {self._err.value.decode()}")
+
+    def output(self, shape: tuple[int, ...]) -> np.ndarray:
+        """One call's output, copied out."""
+        out = np.empty(shape, dtype=np.float32)
+        data = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        n = self._lib.vm_direct_output(self._handle, data, out.size, self._err, len(self._err))
+        if n != out.size:
+            raise RuntimeError(f"vm_direct: {self._err.value.decode() or f'{n} output elements, want {out.size}'}")
+        return out
+
+    def time(self, calls: int) -> float:
+        """Seconds per call over ``calls`` calls, timed by the C loop."""
+        seconds = float(self._lib.vm_direct_time(self._handle, calls, self._err, len(self._err)))
+        if seconds < 0:
+            raise RuntimeError(f"vm_direct: {self._err.value.decode()}")
+        return seconds
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.vm_direct_close(self._handle)
+            self._handle = None
+
+
+def sequenced(fn: UnaryOp, length: int, signature: list[tf.TensorSpec]) -> UnaryOp:
+    """A tf.function calling ``fn`` ``length`` times on its input, each call after
+    the one before, and returning the sum of the outputs (``tf.add_n``).
+
+    The calls share the input and are ordered by control dependencies, so the
+    slope between ``length`` and 1 holds the calls and nothing else (feeding each
+    call from the last would add TF ops per call). The dependencies also keep
+    Grappler from merging the calls as common subexpressions: TVMDSOOp is
+    stateless, but nodes with different control inputs are never merged. The one
+    ``add_n`` gives every output a data consumer: Grappler's dependency optimizer
+    turns a stateless node whose output feeds only control dependencies into a
+    NoOp (without the add_n, a chain of 20 op calls ran in the time of one)."""
+
+    def applied(x: tf.Tensor) -> tf.Tensor:
+        ys = [fn(x)]
+        for _ in range(length - 1):
+            with tf.control_dependencies([ys[-1]]):
+                ys.append(fn(x))
+        return tf.add_n(ys)
+
+    return graph_function(applied, signature)
+
+
+def check_close(name: str, got: tf.Tensor | np.ndarray, want: np.ndarray) -> float:
+    """Fails the run when a model's output is off Keras's; returns the largest difference."""
+    got = np.asarray(got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=MODEL_ATOL, err_msg=name)
+    return float(np.max(np.abs(got - want)))
+
+
+def model(models: Path, rounds: int) -> Results:
+    """Item 7: the demo's Keras CNN (tests/modules/keras_cnn.py) compiled by TVM
+    (TFLite, then the Relax VM) at each batch of MODEL_BATCHES, three ways in the
+    same rounds: TVMDSOOp in a tf.function, TVM's VM from a C loop, and the Keras
+    model itself in a tf.function. The headline keys take the larger figure of the
+    batches."""
+    import keras  # only this comparison needs it
+
+    # The model the libraries were converted from (keras_cnn.py saved it), so the
+    # weights are the compiled ones by construction.
+    reference = keras.models.load_model(models / "cnn.keras")
+    out: Results = {"model_rounds": rounds, "model_chain": MODEL_CHAIN}
+    for batch in MODEL_BATCHES:
+        out.update(model_batch(models, reference, batch, rounds))
+    for key in ("ratio_vs_tvm_vm", "ratio_vs_keras"):
+        worst = max(MODEL_BATCHES, key=lambda b: float(out[f"model_b{b}_{key}"]))
+        out[f"model_{key}_batch"] = worst
+        for suffix in ("", "_q1", "_q3"):
+            out[f"model_{key}{suffix}"] = out[f"model_b{worst}_{key}{suffix}"]
+    return out
+
+
+def model_batch(models: Path, reference: Callable[..., tf.Tensor], batch: int, rounds: int) -> Results:
+    """The whole-model contenders at one batch, figures keyed ``model_b{batch}_*``."""
+    x_np = np.random.default_rng(batch).standard_normal((batch, 16, 16, 3)).astype(np.float32)
+    x = tf.constant(x_np)
+    signature = [tf.TensorSpec(x.shape, x.dtype)]
+    want = reference(x, training=False).numpy()
+    output_shape = [batch, int(want.shape[1])]
+    op = tf_op.Module(models / f"cnn_b{batch}.so").func("main", output_shape=output_shape)
+
+    def keras_call(t: tf.Tensor) -> tf.Tensor:
+        return reference(t, training=False)
+
+    p = f"model_b{batch}_"
+    out: Results = {}
+    calls: dict[str, Callable[[], object]] = {}
+    for name, fn in (("tvmdsoop", op), ("keras", keras_call)):
+        long, short = sequenced(fn, MODEL_CHAIN, signature), sequenced(fn, 1, signature)
+        diff = check_close(f"{name} x1, batch {batch}", short(x), want)
+        check_close(f"{name} x{MODEL_CHAIN}, batch {batch}", long(x).numpy() / MODEL_CHAIN, want)
+        if name != "keras":
+            out[f"{p}{name}_max_abs_diff"] = diff
+        calls[f"{name}_x{MODEL_CHAIN}"] = functools.partial(long, x)
+        calls[f"{name}_x1"] = functools.partial(short, x)
+    # After the op has run: the op library has opened TVM's runtime, which this
+    # process now shares with vm_direct.
+    vm = VmDirect(models / f"cnn_b{batch}.so", "main", x_np)
+    try:
+        out[f"{p}tvm_vm_max_abs_diff"] = check_close(f"tvm_vm, batch {batch}", vm.output(tuple(output_shape)), want)
+        calls["tvm_vm"] = SelfTimed(vm.time)
+        t = interleave(calls, rounds=rounds, min_time=0.04)
+    finally:
+        vm.close()
+    op_per_call = per_op(t, f"tvmdsoop_x{MODEL_CHAIN}", "tvmdsoop_x1", MODEL_CHAIN)
+    keras_per_call = per_op(t, f"keras_x{MODEL_CHAIN}", "keras_x1", MODEL_CHAIN)
+    vm_per_call = t.per_call["tvm_vm"]
+    for key, num, den in (
+        ("ratio_vs_tvm_vm", op_per_call, vm_per_call),
+        ("ratio_vs_keras", op_per_call, keras_per_call),
+    ):
+        ratios = [a / b for a, b in zip(num, den, strict=True)]
+        out[p + key] = statistics.median(ratios)
+        out[f"{p}{key}_q1"], out[f"{p}{key}_q3"] = quartiles(ratios)
+    if statistics.median(op_per_call) < 0.5 * statistics.median(vm_per_call):
+        # Less than half a model call per op: the calls were merged or skipped.
+        raise AssertionError(
+            f"batch {batch}: {statistics.median(op_per_call) * 1e6:.1f} us per op call is "
+            f"less than half of TVM's VM's {statistics.median(vm_per_call) * 1e6:.1f} us"
+        )
+    out[f"{p}tvmdsoop_per_call_us"] = statistics.median(op_per_call) * 1e6
+    out[f"{p}keras_per_call_us"] = statistics.median(keras_per_call) * 1e6
+    out[f"{p}tvm_vm_per_call_us"] = t.median("tvm_vm") * 1e6
+    out[f"{p}overhead_us"] = float(out[f"{p}tvmdsoop_per_call_us"]) - float(out[f"{p}tvm_vm_per_call_us"])
+    for name in ("tvmdsoop", "keras"):
+        out[f"{p}{name}_x{MODEL_CHAIN}_us"] = t.median(f"{name}_x{MODEL_CHAIN}") * 1e6
+        out[f"{p}{name}_x1_us"] = t.median(f"{name}_x1") * 1e6
+    out[f"{p}ratio_vs_keras_x1"] = t.ratio("tvmdsoop_x1", "keras_x1")
+    return out
+
+
 COMPARISONS: dict[str, Callable[[Path, int], Results]] = {
     "overhead": lambda lib, rounds: overhead(lib, rounds, fold=False),
     "overhead_grappler": lambda lib, rounds: overhead(lib, rounds, fold=True),
     "py_function": py_function,
     "large": large,
+    "model": model,
 }
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("comparison", choices=sorted(COMPARISONS))
-    parser.add_argument("lib", type=Path, help="the add-one library (bench/build_module.py)")
+    parser.add_argument(
+        "lib", type=Path, help="the add-one library (bench/build_module.py); for model, the models folder"
+    )
     parser.add_argument("out", type=Path, help="where to write the JSON figures")
     parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args(argv)

@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/run.py [--quick] [--rounds N] [--report-only]
 
-Builds the add-one TVM module once (bench/build_module.py, in its own process),
-runs each comparison in one fresh process (bench/compare.py: contenders timed
-interleaved, medians of per-round ratios), measures peak memory in fresh
-processes (bench/memory.py), then writes build/bench/results.json,
+Builds the add-one TVM module once (bench/build_module.py, in its own process)
+and the demo's Keras CNN as Relax VM libraries (tests/modules/keras_cnn.py with
+TensorFlow, then tests/modules/build_models.py with TVM, each in its own
+process), runs each comparison in one fresh process (bench/compare.py:
+contenders timed interleaved, medians of per-round ratios), measures peak memory
+in fresh processes (bench/memory.py), then writes build/bench/results.json,
 docs/benchmarks.md and docs/benchmarks.png (bench/report.py) and prints a summary.
 
 This process imports neither TensorFlow nor TVM.
@@ -33,10 +35,13 @@ from common import (
     GPU_RESULTS,
     LIBRARY,
     MEMORY_SIZE,
+    MODEL_BATCHES,
+    MODELS_DIR,
     PLOT,
     PROFILE_NOTES,
     RESULTS,
     ROOT,
+    VM_DIRECT,
     goal_met,
 )
 from report import KEYS, write_markdown
@@ -44,7 +49,7 @@ from report import KEYS, write_markdown
 Results = dict[str, float | int | str]
 
 #: Comparisons run by bench/compare.py, each in its own process, in this order.
-COMPARISONS = ("overhead", "overhead_grappler", "py_function", "large")
+COMPARISONS = ("overhead", "overhead_grappler", "py_function", "large", "model")
 
 
 def _run(args: list[str], what: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -70,11 +75,34 @@ def build_module() -> Path:
     return LIBRARY
 
 
+def build_models() -> Path:
+    """The demo's Keras CNN at each batch of MODEL_BATCHES as Relax VM libraries
+    (MODELS_DIR/cnn_b{B}.so), unless up to date: converted to TFLite in a child
+    that imports TensorFlow, compiled in another that imports TVM (their LLVMs
+    clash in one process). build_models.py also builds its small test models."""
+    modules = ROOT / "tests" / "modules"
+    keras_cnn, build_models_py = modules / "keras_cnn.py", modules / "build_models.py"
+    newest_script = max(keras_cnn.stat().st_mtime, build_models_py.stat().st_mtime)
+    wanted = [MODELS_DIR / f"cnn_b{b}.so" for b in MODEL_BATCHES]
+    if all(p.is_file() and p.stat().st_mtime >= newest_script for p in [*wanted, MODELS_DIR / "cnn.keras"]):
+        print(f"  CNN models: {MODELS_DIR.relative_to(ROOT)}/cnn_b*.so (up to date)")
+        return MODELS_DIR
+    batches = [str(b) for b in MODEL_BATCHES]
+    _run([str(keras_cnn), str(MODELS_DIR), "--batch", *batches], "Keras CNN -> TFLite", timeout=300)
+    _run([str(build_models_py), str(MODELS_DIR)], f"TVM build of {MODELS_DIR.relative_to(ROOT)}", timeout=600)
+    missing = [p.name for p in wanted if not p.is_file()]
+    if missing:
+        raise SystemExit(f"bench: build_models.py wrote no {', '.join(missing)}")
+    return MODELS_DIR
+
+
 def run_comparison(name: str, rounds: int) -> Results:
     out = BUILD_DIR / f"{name}.json"
     out.unlink(missing_ok=True)
+    # The model comparison runs the CNN libraries; the others, the add-one library.
+    target = MODELS_DIR if name == "model" else LIBRARY
     _run(
-        [str(BENCH_DIR / "compare.py"), name, str(LIBRARY), str(out), "--rounds", str(rounds)],
+        [str(BENCH_DIR / "compare.py"), name, str(target), str(out), "--rounds", str(rounds)],
         f"comparison {name}",
         timeout=240,
     )
@@ -236,6 +264,13 @@ def summary(results: Results) -> str:
         f"16M add-one: TVMDSOOp {float(results['large_16M_tvmdsoop_gbps']):.1f} GB/s, "
         f"direct {float(results['large_16M_direct_tvm_gbps']):.1f} GB/s, "
         f"memcpy {float(results['large_16M_memcpy_gbps']):.1f} GB/s",
+        "Keras CNN, per call in a tf.function: "
+        + "; ".join(
+            f"batch {b}: TVMDSOOp {float(results[f'model_b{b}_tvmdsoop_per_call_us']):.0f} us, "
+            f"TVM VM from C {float(results[f'model_b{b}_tvm_vm_per_call_us']):.0f} us, "
+            f"Keras {float(results[f'model_b{b}_keras_per_call_us']):.0f} us"
+            for b in MODEL_BATCHES
+        ),
         f"memory: +{float(results['memory_tvmdsoop_extra_mib']):.0f} MiB (TVMDSOOp), "
         f"+{float(results['memory_tf_add_extra_mib']):.0f} MiB (tf.add), one output = "
         f"{float(results['memory_output_mib']):.0f} MiB",
@@ -271,7 +306,10 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
     print(f"bench: {rounds} interleaved rounds per comparison", flush=True)
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    if not VM_DIRECT.is_file():
+        raise SystemExit(f"bench: {VM_DIRECT.relative_to(ROOT)} is missing: run `make build` (make bench does)")
     build_module()
+    build_models()
     results: Results = environment()
     for name in COMPARISONS:
         results.update(run_comparison(name, rounds))
