@@ -496,3 +496,17 @@ func TestConcurrentCalls(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestDataSymbolIsNotAFunction: TVM's loader finds any __tvm_ffi_<name> symbol
+// and would wrap data as a function; a call would jump into it.
+func TestDataSymbolIsNotAFunction(t *testing.T) {
+	m, err := dsoop.Open(ffiLib)
+	require.NoError(t, err)
+	defer m.Close()
+	_, err = m.Func("not_code")
+	require.ErrorIs(t, err, dsoop.ErrNotCode)
+	require.ErrorIs(t, err, dsoop.ErrFunctionNotFound)
+	f, err := m.Func("add_int") // the functions beside it still resolve
+	require.NoError(t, err)
+	f.Close()
+}

@@ -17,6 +17,7 @@ import "C"
 
 import (
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -33,6 +34,10 @@ import (
 
 // ErrFunctionNotFound means a module has no function of the requested name.
 var ErrFunctionNotFound = errors.New("function not found")
+
+// ErrNotCode means a name's symbol in the library is data, not a function: a
+// call would jump into it. It is a kind of ErrFunctionNotFound.
+var ErrNotCode = fmt.Errorf("%w: the symbol is data, not code", ErrFunctionNotFound)
 
 // ErrNotAllowed means a library lies outside the folders of AllowedDirsEnv.
 var ErrNotAllowed = errors.New("library outside the allowed folders")
@@ -54,12 +59,13 @@ type Module struct {
 
 // moduleEntry is one loaded library, shared by the Modules opened on its path.
 type moduleEntry struct {
-	path   string
-	sha256 string // of the file as it was loaded
-	handle C.TVMFFIObjectHandle
-	isVM   bool                      // holds a Relax VM executable (a whole model)
-	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
-	opens  int                       // guarded by modulesMu
+	path    string
+	sha256  string // of the file as it was loaded
+	handle  C.TVMFFIObjectHandle
+	notCode map[string]bool           // names whose __tvm_ffi_<name> symbol is not a function
+	isVM    bool                      // holds a Relax VM executable (a whole model)
+	pools   map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
+	opens   int                       // guarded by modulesMu
 }
 
 var (
@@ -102,6 +108,7 @@ func Open(path string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
+	notCode := nonFunctionSymbols(abs)
 	if err := Init(); err != nil {
 		return nil, err
 	}
@@ -115,7 +122,7 @@ func Open(path string) (*Module, error) {
 		C.dsoop_object_release(handle)
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
-	e := &moduleEntry{path: abs, sha256: digest, handle: handle, isVM: isVM == 1, opens: 1}
+	e := &moduleEntry{path: abs, sha256: digest, handle: handle, notCode: notCode, isVM: isVM == 1, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
 }
@@ -190,10 +197,52 @@ func checkAllowed(path, allowed string) error {
 	return fmt.Errorf("dsoop: %w: %s is not in %s=%s", ErrNotAllowed, real, AllowedDirsEnv, allowed)
 }
 
+// ffiSymbolPrefix begins the symbol of every function a library exports to
+// TVM-FFI (TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm.compile's functions).
+const ffiSymbolPrefix = "__tvm_ffi_"
+
+// nonFunctionSymbols lists the names whose __tvm_ffi_<name> dynamic symbol is
+// not a function: TVM's loader finds any symbol of that name and would wrap data
+// (export_library's __tvm_ffi__library_bin, say) as a function, which a call
+// jumps into. Read with Go's ELF reader before anything is loaded; a file it
+// cannot read gives none (the loader reports what is wrong with it).
+func nonFunctionSymbols(path string) (names map[string]bool) {
+	defer func() {
+		if recover() != nil { // a malformed file must not take the process down
+			names = nil
+		}
+	}()
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	symbols, err := f.DynamicSymbols()
+	if err != nil {
+		return nil
+	}
+	for _, s := range symbols {
+		name, ok := strings.CutPrefix(s.Name, ffiSymbolPrefix)
+		if !ok || s.Section == elf.SHN_UNDEF {
+			continue
+		}
+		if t := elf.ST_TYPE(s.Info); t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC {
+			if names == nil {
+				names = map[string]bool{}
+			}
+			names[name] = true
+		}
+	}
+	return names
+}
+
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
+	}
+	if m.entry.notCode[name] {
+		return nil, fmt.Errorf("dsoop: library %s: %q: %w (%s%s)", m.entry.path, name, ErrNotCode, ffiSymbolPrefix, name)
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -73,6 +73,8 @@ func describe(err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return "the library file does not exist"
+	case errors.Is(err, dsoop.ErrNotCode):
+		return "the library's symbol of that name is data, not a function: refusing to call it"
 	case errors.As(err, &notFound) && notFound.Available != nil:
 		return "the model has no function of that name; its functions are " + strings.Join(notFound.Available, ", ")
 	case errors.Is(err, dsoop.ErrFunctionNotFound):

@@ -122,6 +122,10 @@ tvm::ffi::Array<tvm::ffi::Tensor> WithDouble(tvm::ffi::Tensor x) {
 
 }  // namespace
 
+// Data under a function's symbol name, as export_library's __tvm_ffi__library_bin
+// is: TVM's loader would wrap it as a function, and a call would jump into data.
+extern "C" TVM_FFI_DLL_EXPORT const char __tvm_ffi_not_code[64] = "data, not a function";
+
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(identity, Identity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_one_misaligned, AddOneMisaligned);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(with_double, WithDouble);
