@@ -123,8 +123,10 @@ class CpuPlacement {
   // Host memory is the device's: the same copy.
   Status CopyFromHost(char* dst, const char* src, size_t size) { return Copy(dst, src, size); }
 
-  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
-    return dsoop_function_call(&fn, args, num_args, err);
+  // Calls fn, leaving what it returned in *result.
+  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, TVMFFIAny* result,
+           DsoopError* err) {
+    return dsoop_function_call_returning(&fn, args, num_args, kDLCPU, 0, nullptr, result, err);
   }
 
   void* stream() const { return nullptr; }
@@ -186,8 +188,12 @@ class GpuPlacement {
     return stream_->BlockHostUntilDone();
   }
 
-  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, DsoopError* err) {
-    return dsoop_function_call_on_stream(&fn, args, num_args, kDLCUDA, device_id_, handle_, err);
+  // Calls fn on TF's stream (TVM's current stream for the device for the call),
+  // leaving what it returned in *result.
+  int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, TVMFFIAny* result,
+           DsoopError* err) {
+    return dsoop_function_call_returning(&fn, args, num_args, kDLCUDA, device_id_, handle_, result,
+                                         err);
   }
 
   void* stream() const { return handle_; }
@@ -412,7 +418,8 @@ class CallKernel : public OpKernel {
     }
 
     DsoopError err = {nullptr, nullptr};
-    if (placement.Call(fn.target.fn, args.data(), num_args, &err) != 0) {
+    ReturnedValue result;
+    if (placement.Call(fn.target.fn, args.data(), num_args, &result.value, &err) != 0) {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
                             absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
                                          err.message ? err.message : "", "\n  TVMDSOOp passed ",
@@ -420,6 +427,12 @@ class CallKernel : public OpKernel {
       dsoop_error_clear(&err);
       return;
     }
+    // A value would be dropped, and the outputs it stands for never written.
+    OP_REQUIRES(ctx, result.value.type_index == kTVMFFINone,
+                errors::InvalidArgument(where, ": the function returned a value (TVM-FFI type index ",
+                                        result.value.type_index,
+                                        ") where it should write its outputs and return nothing; "
+                                        "a function that returns its outputs is made with returns=True"));
     for (const auto& [out, buffer] : copy_back) {
       OP_REQUIRES_OK(ctx, placement.Copy(const_cast<char*>(out->tensor_data().data()), buffer,
                                          out->TotalBytes()));
@@ -490,13 +503,9 @@ class CallKernel : public OpKernel {
     }
 
     ReturnedValue result;
-    const int rc =
-        fn.is_model()
-            ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in, placement.stream(),
-                            &result.value, &err)
-            : dsoop_function_call_returning(&target.fn, args.data(), num_in, device.device_type,
-                                            device.device_id, placement.stream(), &result.value,
-                                            &err);
+    const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
+                                                 placement.stream(), &result.value, &err)
+                                 : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
     if (rc != 0) {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
                             absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",

@@ -126,6 +126,11 @@ tvm::ffi::Array<tvm::ffi::Tensor> WithDouble(tvm::ffi::Tensor x) {
 // is: TVM's loader would wrap it as a function, and a call would jump into data.
 extern "C" TVM_FFI_DLL_EXPORT const char __tvm_ffi_not_code[64] = "data, not a function";
 
+// Takes an input and an output as a destination-passing function does, but
+// returns a number and writes nothing: the op must not drop the number.
+int64_t CountInsteadOfWriting(TensorView x, TensorView) { return NumElements(x); }
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(count_instead_of_writing, CountInsteadOfWriting);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(identity, Identity);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_one_misaligned, AddOneMisaligned);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(with_double, WithDouble);

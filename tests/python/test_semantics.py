@@ -253,6 +253,7 @@ def test_slices_give_right_values(mod: tf_op.Module) -> None:
         ("bad alignment at the op", tf.errors.InvalidArgumentError, r"power of two"),
         ("function raises ValueError", tf.errors.InvalidArgumentError, r"deliberate failure"),
         ("function raises RuntimeError", tf.errors.UnknownError, r"RuntimeError: deliberate runtime"),
+        ("returns a value instead of writing", tf.errors.InvalidArgumentError, r"returned a value.*returns=True"),
     ],
 )
 def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffilib: str, tmp_path) -> None:
@@ -278,6 +279,7 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
         ),
         "function raises ValueError": lambda: ffi.func("raise_value_error")(x),
         "function raises RuntimeError": lambda: ffi.func("raise_runtime_error")(x),
+        "returns a value instead of writing": lambda: ffi.func("count_instead_of_writing")(x),
     }
     with pytest.raises(error, match=f"(?s){pattern}"):
         calls[case]()
