@@ -186,6 +186,10 @@ func checkAllowed(path, allowed string) error {
 		if dir == "" {
 			continue
 		}
+		// Relative to what? The working directory of a server is no policy.
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("dsoop: %w: %s=%s holds %q, which is not an absolute path", ErrNotAllowed, AllowedDirsEnv, allowed, dir)
+		}
 		realDir, err := filepath.EvalSymlinks(dir)
 		if err != nil {
 			continue // a folder that does not exist allows nothing

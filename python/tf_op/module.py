@@ -44,9 +44,13 @@ class Module(tf.Module):
         file now at lib_path. Pass ``""`` for no check.
     """
 
-    def __init__(self, lib_path: str | os.PathLike[str], sha256: str | None = None) -> None:
+    def __init__(self, lib_path: str | bytes | os.PathLike[str], sha256: str | None = None) -> None:
         super().__init__()
-        path = os.fspath(lib_path)
+        if not isinstance(lib_path, (str, bytes, os.PathLike)):
+            raise TypeError(f"tf_op: lib_path must be a path (str, bytes or os.PathLike), got {type(lib_path).__name__}")
+        if sha256 is not None and not isinstance(sha256, str):
+            raise TypeError(f"tf_op: sha256 must be a hex string or None, got {type(sha256).__name__}")
+        path = os.fsdecode(lib_path)
         if "\0" in path:
             raise ValueError(f"tf_op: library path {path!r} holds a NUL byte")
         self.lib_path = os.path.abspath(path)
@@ -156,6 +160,9 @@ class Module(tf.Module):
 #: The name TVM's ``tvm.contrib.tf_op`` gave the same class.
 OpModule = Module
 
+
+#: The largest size of a dimension: TF's shapes hold int64.
+_MAX_DIM = 2**63 - 1
 
 #: The largest alignment accepted (1 GiB): beyond any hardware's need.
 _MAX_ALIGNMENT = 1 << 30
@@ -330,6 +337,8 @@ def _check_shape(shape: ShapeLike, where: str) -> None:
             continue
         if not _is_int(d) or d < 0:
             raise ValueError(f"{where} must hold ints >= 0 or scalar int tensors, got {shape!r}")
+        if d > _MAX_DIM:
+            raise ValueError(f"{where}: size {d} does not fit TensorFlow's int64 dimensions")
 
 
 def _check_returned_shape(shape: ShapeLike, where: str) -> None:
@@ -342,7 +351,7 @@ def _check_returned_shape(shape: ShapeLike, where: str) -> None:
     if _is_tensor(shape) or isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
         raise ValueError(f"{where}: a function that returns its outputs takes a list of ints and None, got {shape!r}")
     for d in shape:
-        if d is not None and (not _is_int(d) or d < 0):
+        if d is not None and (not _is_int(d) or d < 0 or d > _MAX_DIM):
             raise ValueError(f"{where}: a function that returns its outputs takes a list of ints >= 0 and None, got {shape!r}")
 
 

@@ -129,11 +129,22 @@ def test_negative_shape_tensor_is_op_error(mod: tf_op.Module) -> None:
 
 @pytest.mark.parametrize(
     "shape",
-    [tf.constant([[3, 2]]), tf.constant([3.0, 2.0]), [tf.constant([3]), 2], "32", 5, tf.TensorShape([None, 2])],
+    [tf.constant([[3, 2]]), tf.constant([3.0, 2.0]), [tf.constant([3]), 2], "32", 5, tf.TensorShape([None, 2]), [2**64, 1]],
 )
 def test_malformed_shapes(mod: tf_op.Module, shape: object) -> None:
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="transpose.*shape"):
         mod.func("transpose", output_shape=shape)(tf.ones([2, 3]))
+
+
+def test_module_arguments_are_checked(testlib: str) -> None:
+    """A wrong argument type names the argument, instead of failing later in a strange place."""
+    with pytest.raises(TypeError, match="sha256"):
+        tf_op.Module(testlib, sha256=123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lib_path"):
+        tf_op.Module(42)  # type: ignore[arg-type]
+    # A bytes path is a path.
+    add_one = tf_op.Module(os.fsencode(testlib)).func("add_one")
+    np.testing.assert_array_equal(add_one(tf.constant([1.0])).numpy(), [2.0])
 
 
 # --- dtypes ----------------------------------------------------------------------
