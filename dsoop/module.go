@@ -17,7 +17,6 @@ import "C"
 
 import (
 	"crypto/sha256"
-	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -27,6 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
@@ -60,7 +60,9 @@ type Module struct {
 // moduleEntry is one loaded library, shared by the Modules opened on its path.
 type moduleEntry struct {
 	path    string
-	sha256  string // of the file as it was loaded
+	sha256  string         // of the bytes loaded
+	stat    os.FileInfo    // of the file they were read from, then
+	sealed  *sealedLibrary // the copy the library was loaded from
 	handle  C.TVMFFIObjectHandle
 	notCode map[string]bool           // names whose __tvm_ffi_<name> symbol is not a function
 	isVM    bool                      // holds a Relax VM executable (a whole model)
@@ -74,7 +76,18 @@ var (
 )
 
 // Open loads the TVM module at path, or shares the one already loaded from it.
-func Open(path string) (*Module, error) {
+func Open(path string) (*Module, error) { return OpenPinned(path, "") }
+
+// OpenPinned is Open for a library that must have the SHA-256 sha256 (hex; ""
+// for any). The file is read once into a sealed memory file, and its digest and
+// ELF structure are checked there before anything of it runs; the loader then
+// maps that same copy, so nothing done to the file on disk afterwards changes
+// what runs. A mismatch is ErrDigestMismatch, naming both digests.
+//
+// A path already loaded is shared while its file is unchanged (same size,
+// modification time and inode); a changed file (a library rebuilt in place) is
+// loaded anew, and the old copy stays with whoever holds it.
+func OpenPinned(path, sha256 string) (*Module, error) {
 	if strings.ContainsRune(path, 0) {
 		return nil, fmt.Errorf("dsoop: library path %q holds a NUL byte", path)
 	}
@@ -85,12 +98,6 @@ func Open(path string) (*Module, error) {
 	// Checked at every Open, not only the first: the allow-list may have changed.
 	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
 		return nil, err
-	}
-	modulesMu.Lock()
-	defer modulesMu.Unlock()
-	if e, ok := modules[abs]; ok {
-		e.opens++
-		return &Module{entry: e}, nil
 	}
 	// Checked here so that the common mistakes get clear errors, not the loader's.
 	st, err := os.Stat(abs)
@@ -104,16 +111,32 @@ func Open(path string) (*Module, error) {
 		// A directory, a device or a FIFO: reading one to hash it could block forever.
 		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
 	}
-	digest, err := FileSHA256(abs)
+	modulesMu.Lock()
+	defer modulesMu.Unlock()
+	if e, ok := modules[abs]; ok && sameFile(e.stat, st) {
+		if err := checkDigest(abs, e.sha256, sha256); err != nil {
+			return nil, err
+		}
+		e.opens++
+		return &Module{entry: e}, nil
+	}
+	sealed, err := sealLibrary(abs)
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
-	notCode := nonFunctionSymbols(abs)
-	if err := Init(); err != nil {
+	// The memfd stays open for the life of the process: the loaded library is
+	// mapped from it, and backtraces read the library through its path.
+	if err := checkDigest(abs, sealed.digest, sha256); err != nil {
+		sealed.close()
 		return nil, err
 	}
-	handle, err := loadModule(abs)
+	if err := Init(); err != nil {
+		sealed.close()
+		return nil, err
+	}
+	handle, err := loadModule(sealed.loadPath())
 	if err != nil {
+		sealed.close()
 		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
 	}
 	var cerr C.DsoopError
@@ -122,9 +145,28 @@ func Open(path string) (*Module, error) {
 		C.dsoop_object_release(handle)
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
-	e := &moduleEntry{path: abs, sha256: digest, handle: handle, notCode: notCode, isVM: isVM == 1, opens: 1}
+	e := &moduleEntry{path: abs, sha256: sealed.digest, stat: st, sealed: sealed, handle: handle,
+		notCode: sealed.notCode, isVM: isVM == 1, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
+}
+
+// checkDigest refuses a library whose digest is not want (when want is set).
+func checkDigest(path, digest, want string) error {
+	if want == "" || strings.EqualFold(digest, want) {
+		return nil
+	}
+	return fmt.Errorf("%w: the library at %s has SHA-256 %s, the model expects %s", ErrDigestMismatch, path, digest, want)
+}
+
+// sameFile reports whether two stats of a path are of the same, unchanged file.
+func sameFile(a, b os.FileInfo) bool {
+	if a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime()) {
+		return false
+	}
+	as, aok := a.Sys().(*syscall.Stat_t)
+	bs, bok := b.Sys().(*syscall.Stat_t)
+	return !aok || !bok || (as.Dev == bs.Dev && as.Ino == bs.Ino)
 }
 
 // loadModule loads the library through TVM's loader. A library holding CUDA code
@@ -205,41 +247,6 @@ func checkAllowed(path, allowed string) error {
 // TVM-FFI (TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm.compile's functions).
 const ffiSymbolPrefix = "__tvm_ffi_"
 
-// nonFunctionSymbols lists the names whose __tvm_ffi_<name> dynamic symbol is
-// not a function: TVM's loader finds any symbol of that name and would wrap data
-// (export_library's __tvm_ffi__library_bin, say) as a function, which a call
-// jumps into. Read with Go's ELF reader before anything is loaded; a file it
-// cannot read gives none (the loader reports what is wrong with it).
-func nonFunctionSymbols(path string) (names map[string]bool) {
-	defer func() {
-		if recover() != nil { // a malformed file must not take the process down
-			names = nil
-		}
-	}()
-	f, err := elf.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	symbols, err := f.DynamicSymbols()
-	if err != nil {
-		return nil
-	}
-	for _, s := range symbols {
-		name, ok := strings.CutPrefix(s.Name, ffiSymbolPrefix)
-		if !ok || s.Section == elf.SHN_UNDEF {
-			continue
-		}
-		if t := elf.ST_TYPE(s.Info); t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC {
-			if names == nil {
-				names = map[string]bool{}
-			}
-			names[name] = true
-		}
-	}
-	return names
-}
-
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
@@ -280,7 +287,9 @@ func (m *Module) Close() error {
 	defer modulesMu.Unlock()
 	m.entry.opens--
 	if m.entry.opens == 0 {
-		delete(modules, m.entry.path)
+		if modules[m.entry.path] == m.entry { // not if a rebuilt file replaced it there
+			delete(modules, m.entry.path)
+		}
 		poolsMu.Lock()
 		pools := m.entry.pools
 		m.entry.pools = nil

@@ -38,9 +38,6 @@ const (
 // plain functions only.
 var errModelNotAllowed = errors.New("not a library of plain functions")
 
-// errWrongLibrary refuses a library whose SHA-256 is not the one the model recorded.
-var errWrongLibrary = errors.New("refusing a library that is not the one the model was built with")
-
 // tvmdsoopResolve loads the module at libPath (once per process) and writes
 // what the kernel calls for funcName into out: a new reference to a plain
 // function, or, for a whole model, the pool of VM instances on the kernel's
@@ -87,13 +84,10 @@ func describe(err error) string {
 // resolve never closes the Module it opens: the library then stays loaded for
 // the life of the process, and later kernels share it (and its VM pools).
 func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
-	module, err := dsoop.Open(libPath)
+	// The digest is checked on the bytes read, before any of them runs.
+	module, err := dsoop.OpenPinned(libPath, sha256)
 	if err != nil {
 		return err
-	}
-	if sha256 != "" && !strings.EqualFold(sha256, module.SHA256()) {
-		return fmt.Errorf("%w: the library at %s has SHA-256 %s, the model expects %s",
-			errWrongLibrary, module.Path(), module.SHA256(), sha256)
 	}
 	*out = C.TvmdsoopTarget{arity: -1}
 	if module.IsVM() {
@@ -130,7 +124,7 @@ func statusCode(err error) int {
 	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
 		errors.Is(err, dsoop.ErrCUDASourceNotCompiled):
 		return codeFailedPrecondition
-	case errors.Is(err, errWrongLibrary), errors.Is(err, dsoop.ErrNotAllowed):
+	case errors.Is(err, dsoop.ErrDigestMismatch), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied
 	case errors.Is(err, errModelNotAllowed):
 		return codeFailedPrecondition

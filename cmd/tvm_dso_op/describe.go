@@ -6,7 +6,6 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 )
@@ -34,16 +33,9 @@ func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 				d = libraryDescription{Error: fmt.Sprintf("internal error: %v", r)}
 			}
 		}()
-		// Checked before loading: loading runs the library's code.
-		if want := C.GoString(sha256); want != "" {
-			got, err := dsoop.FileSHA256(C.GoString(path))
-			if err != nil || !strings.EqualFold(got, want) {
-				d.Error = fmt.Sprintf("not loaded: the library's SHA-256 is not %s", want)
-				return
-			}
-		}
-		// Left open, as the kernels leave theirs: the op shares the loaded copy.
-		module, err := dsoop.Open(C.GoString(path))
+		// The digest is checked on the bytes read, before any of them runs. Left
+		// open, as the kernels leave theirs: the op shares the loaded copy.
+		module, err := dsoop.OpenPinned(C.GoString(path), C.GoString(sha256))
 		if err != nil {
 			d.Error = err.Error()
 			return

@@ -10,6 +10,7 @@
 #include <tvm/ffi/container/array.h>
 
 #include <complex>
+#include <cstdio>
 #include <cstdlib>
 #include <cstdint>
 #include <string>
@@ -121,6 +122,14 @@ tvm::ffi::Array<tvm::ffi::Tensor> WithDouble(tvm::ffi::Tensor x) {
 }
 
 }  // namespace
+
+// Runs when the library is loaded: writes the file $TVMDSOOP_TEST_LOAD_MARKER
+// names, so tests see whether the library's code ran (a refused library must not).
+__attribute__((constructor)) void MarkLoaded() {
+  if (const char* path = std::getenv("TVMDSOOP_TEST_LOAD_MARKER")) {
+    if (FILE* f = std::fopen(path, "w")) std::fclose(f);
+  }
+}
 
 // Data under a function's symbol name, as export_library's __tvm_ffi__library_bin
 // is: TVM's loader would wrap it as a function, and a call would jump into data.

@@ -1,0 +1,136 @@
+package dsoop
+
+import (
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"unsafe"
+)
+
+// ErrNotALibrary means a file is not a shared library this process can load:
+// not ELF, another class or machine, not a shared object, or with headers that
+// point outside the file. It is found before anything of the file runs.
+var ErrNotALibrary = errors.New("not a loadable shared library")
+
+// ErrDigestMismatch means a library's SHA-256 is not the one asked for: it is
+// not the library a model was built with. It is found before anything runs.
+var ErrDigestMismatch = errors.New("refusing a library that is not the one the model was built with")
+
+// sealedLibrary is a library's bytes, read once from its file into a sealed
+// memory file (memfd): what was hashed and checked is exactly what the loader
+// maps, and nothing done to the file on disk afterwards (an overwrite, a
+// truncation, a deletion) changes or breaks what runs.
+type sealedLibrary struct {
+	file    *os.File // the memfd; kept open as long as the library may be mapped
+	size    int64
+	digest  string          // hex SHA-256 of the bytes
+	notCode map[string]bool // names whose __tvm_ffi_<name> symbol is not a function
+}
+
+// Linux constants for memfd_create(2) and fcntl(2) seals.
+const (
+	mfdCloexec      = 0x1
+	mfdAllowSealing = 0x2
+	fAddSeals       = 1033
+	sealAll         = 0x1 | 0x2 | 0x4 | 0x8 // F_SEAL_SEAL, SHRINK, GROW, WRITE
+)
+
+// sealLibrary copies the file at path into a sealed memfd, hashing it on the
+// way, and checks its ELF structure there.
+func sealLibrary(path string) (*sealedLibrary, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	name, err := syscall.BytePtrFromString("tvmdsoop:" + filepath.Base(path))
+	if err != nil {
+		return nil, err
+	}
+	fd, _, errno := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(name)), mfdCloexec|mfdAllowSealing, 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("memfd_create: %w", errno)
+	}
+	mem := os.NewFile(fd, "memfd:"+filepath.Base(path))
+	h := sha256.New()
+	size, err := io.Copy(io.MultiWriter(mem, h), src)
+	if err == nil {
+		if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, fAddSeals, sealAll); errno != 0 {
+			err = fmt.Errorf("sealing the copy: %w", errno)
+		}
+	}
+	if err != nil {
+		mem.Close()
+		return nil, err
+	}
+	s := &sealedLibrary{file: mem, size: size, digest: hex.EncodeToString(h.Sum(nil))}
+	if err := s.check(); err != nil {
+		mem.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// loadPath is the path the loader opens: the memfd, by its /proc entry.
+func (s *sealedLibrary) loadPath() string { return fmt.Sprintf("/proc/self/fd/%d", s.file.Fd()) }
+
+// close releases the memfd; only once the library can no longer be mapped.
+func (s *sealedLibrary) close() { s.file.Close() }
+
+// elfMachines is the ELF machine of each architecture Go builds this for.
+var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// check refuses what the loader must not see (ErrNotALibrary), read with Go's
+// ELF reader, which never runs anything, and lists the __tvm_ffi_ symbols that
+// are data. The loader's own checks come after; a corrupted relocation or
+// constructor passes these.
+func (s *sealedLibrary) check() (err error) {
+	defer func() {
+		if r := recover(); r != nil { // a malformed file must not take the process down
+			err = fmt.Errorf("%w: malformed ELF (%v)", ErrNotALibrary, r)
+		}
+	}()
+	f, err := elf.NewFile(io.NewSectionReader(s.file, 0, s.size))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
+	}
+	if f.Class != elf.ELFCLASS64 || f.Type != elf.ET_DYN {
+		return fmt.Errorf("%w: an ELF %s %s, not a 64-bit shared object", ErrNotALibrary, f.Class, f.Type)
+	}
+	if want, ok := elfMachines[runtime.GOARCH]; ok && f.Machine != want {
+		return fmt.Errorf("%w: built for %s, this process runs on %s", ErrNotALibrary, f.Machine, want)
+	}
+	for i, p := range f.Progs {
+		if p.Off > uint64(s.size) || p.Filesz > uint64(s.size)-p.Off {
+			return fmt.Errorf("%w: program header %d points past the end of the file", ErrNotALibrary, i)
+		}
+	}
+	if f.Section(".dynamic") == nil && len(f.Progs) == 0 {
+		return fmt.Errorf("%w: no program headers", ErrNotALibrary)
+	}
+	symbols, err := f.DynamicSymbols()
+	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+		return fmt.Errorf("%w: dynamic symbols: %v", ErrNotALibrary, err)
+	}
+	for _, sym := range symbols {
+		name, ok := strings.CutPrefix(sym.Name, ffiSymbolPrefix)
+		if !ok || sym.Section == elf.SHN_UNDEF {
+			continue
+		}
+		if t := elf.ST_TYPE(sym.Info); t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC {
+			if s.notCode == nil {
+				s.notCode = map[string]bool{}
+			}
+			s.notCode[name] = true
+		}
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package dsoop_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
+)
+
+// copyLibrary copies a test library to a path of its own, which no other test
+// has loaded.
+func copyLibrary(t *testing.T, from string) string {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	require.NoError(t, err)
+	to := filepath.Join(t.TempDir(), "lib.so")
+	require.NoError(t, os.WriteFile(to, data, 0o644))
+	return to
+}
+
+func addOneWorks(t *testing.T, f *dsoop.Func) {
+	t.Helper()
+	out := make([]float32, 2)
+	require.NoError(t, f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, out)))
+	assert.Equal(t, []float32{2, 3}, out)
+}
+
+// What runs is the copy that was verified: changing the file on disk after the
+// load changes nothing, and breaks nothing.
+func TestLoadedLibraryIgnoresTheFileAfterwards(t *testing.T) {
+	other, err := os.ReadFile(ffiLib)
+	require.NoError(t, err)
+	tests := []struct {
+		name   string
+		change func(path string) error
+	}{
+		{"overwritten in place", func(p string) error { return os.WriteFile(p, other, 0o644) }},
+		{"truncated to nothing", func(p string) error { return os.Truncate(p, 0) }},
+		{"truncated to 4 KiB", func(p string) error { return os.Truncate(p, 4096) }},
+		{"deleted", os.Remove},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := copyLibrary(t, testLib)
+			m, err := dsoop.Open(path)
+			require.NoError(t, err)
+			defer m.Close()
+			f, err := m.Func("add_one")
+			require.NoError(t, err)
+			defer f.Close()
+			addOneWorks(t, f)
+			require.NoError(t, tc.change(path))
+			addOneWorks(t, f)
+			// An error raised now builds a backtrace, which reads the library.
+			err = f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, make([]float32, 3)))
+			require.Error(t, err)
+		})
+	}
+}
+
+// A digest that does not match refuses the library before any of its code runs.
+func TestDigestIsCheckedBeforeTheLibraryRuns(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "loaded")
+	t.Setenv("TVMDSOOP_TEST_LOAD_MARKER", marker)
+	path := copyLibrary(t, ffiLib)
+
+	_, err := dsoop.OpenPinned(path, "00")
+	require.ErrorIs(t, err, dsoop.ErrDigestMismatch)
+	assert.NoFileExists(t, marker, "the refused library's constructor ran")
+
+	digest, err := dsoop.FileSHA256(path)
+	require.NoError(t, err)
+	m, err := dsoop.OpenPinned(path, digest)
+	require.NoError(t, err)
+	defer m.Close()
+	assert.FileExists(t, marker, "the verified library was loaded")
+}
+
+// Files that are not libraries for this process are refused by the checks, not
+// handed to the loader.
+func TestNotALibraryIsRefusedBeforeLoading(t *testing.T) {
+	lib, err := os.ReadFile(testLib)
+	require.NoError(t, err)
+	wrongMachine := append([]byte(nil), lib...)
+	wrongMachine[18] = 0xb7 // e_machine: EM_AARCH64 on x86-64 (x86-64 on arm64)
+	if wrongMachine[18] == lib[18] {
+		wrongMachine[18] = 0x3e
+	}
+	tests := []struct {
+		name string
+		data []byte
+	}{
+		{"text", []byte("not a library")},
+		{"empty", nil},
+		{"the first 64 bytes of a library", lib[:64]},
+		{"another machine", wrongMachine},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "lib.so")
+			require.NoError(t, os.WriteFile(path, tc.data, 0o644))
+			_, err := dsoop.Open(path)
+			require.ErrorIs(t, err, dsoop.ErrNotALibrary)
+		})
+	}
+}
+
+// A library rebuilt at the same path (the notebook loop) loads anew; what was
+// taken from the old one keeps working.
+func TestRebuiltLibraryLoadsAnew(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	m, err := dsoop.Open(path)
+	require.NoError(t, err)
+	defer m.Close()
+	f, err := m.Func("add_one")
+	require.NoError(t, err)
+	defer f.Close()
+
+	other, err := os.ReadFile(ffiLib)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, other, 0o644))
+	rebuilt, err := dsoop.Open(path)
+	require.NoError(t, err)
+	defer rebuilt.Close()
+	assert.NotEqual(t, m.SHA256(), rebuilt.SHA256())
+	g, err := rebuilt.Func("identity")
+	require.NoError(t, err, "the new file's functions")
+	g.Close()
+	addOneWorks(t, f)
+}
