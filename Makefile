@@ -59,7 +59,8 @@ test-python:
 # Everything it runs is in build/gpu/, so a GPU machine without the .venv (or a
 # network) runs it from a build/gpu/ made elsewhere; it builds only when missing.
 GPU_HARNESS := $(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/slow_fill.so $(BUILD)/gpu/tvm_add_one.so $(BUILD)/gpu/results.json
-GPU_CUDALOAD := TVM_LIBRARY_PATH=$(BUILD)/gpu:$(BUILD)/gpu/tvm $(BUILD)/gpu/cudaload $(BUILD)/gpu/tvm_add_one_lib.so
+GPU_CUDALOAD := TVM_LIBRARY_PATH=$(BUILD)/gpu:$(BUILD)/gpu/tvm $(BUILD)/gpu/cudaload $(BUILD)/gpu/tvm_add_one_lib.so \
+	$(BUILD)/gpu/models/mlp_cuda.so
 GPU_MODELS := $(BUILD)/gpu/model_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/tvm/libtvm_runtime.so \
 	$(BUILD)/gpu/tvm/libcudart.so.13 $(BUILD)/gpu/tvm/libtvm_runtime_cuda.so $(BUILD)/gpu/models
 test-gpu:
