@@ -1,4 +1,5 @@
 // dsoop.c: opens the TVM-FFI runtime and calls TVM functions (see dsoop.h).
+#define _GNU_SOURCE  // dladdr
 #include "dsoop.h"
 
 #include <tvm/ffi/extra/c_env_api.h>
@@ -125,6 +126,12 @@ fail:
   memset(&api, 0, sizeof(api));
   pthread_mutex_unlock(&init_mu);
   return -1;
+}
+
+const char* dsoop_own_file(void) {
+  Dl_info info;
+  if (dladdr((void*)dsoop_own_file, &info) == 0 || info.dli_fname == NULL) return "";
+  return info.dli_fname;
 }
 
 int dsoop_load_extension(const char* path, DsoopError* err) {

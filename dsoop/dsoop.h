@@ -37,6 +37,10 @@ int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...)
 // calls after a success do nothing and return 0.
 int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
 
+// The file of the shared object this code was linked into (the op library, or
+// the executable), for finding programs installed beside it; "" if unknown.
+const char* dsoop_own_file(void);
+
 // Opens a library that extends the runtime by registering functions when loaded
 // (TVM's device runtimes, libtvm_runtime_cuda.so) or that one of those needs. Opened
 // RTLD_LOCAL, as TVM's Python package does: its symbols stay private to it.

@@ -134,6 +134,17 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		sealed.close()
 		return nil, err
 	}
+	// A library without a pinned digest is tried in a separate process first; a
+	// pinned one is the library the model was built with.
+	if sha256 == "" {
+		initMu.Lock()
+		libs := found
+		initMu.Unlock()
+		if err := probe(sealed, libs); err != nil {
+			sealed.close()
+			return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
+		}
+	}
 	handle, err := loadModule(sealed.loadPath())
 	if err != nil {
 		sealed.close()
