@@ -4,6 +4,7 @@
 # make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
+# make fuzz         longer fuzzing of the checks a library passes before loading
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -12,7 +13,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-go test-python test-gpu go-examples run-go-examples demo bench clean
+.PHONY: all setup build test test-go test-python test-gpu go-examples run-go-examples demo bench fuzz run-fuzz clean
 
 all: build
 
@@ -71,6 +72,14 @@ test-gpu:
 
 demo: build
 	$(PYTHON) examples/demo.py
+
+# make test runs the fuzz seeds; this explores (FUZZTIME per target).
+FUZZTIME ?= 5m
+fuzz: build
+	$(MAKE) --no-print-directory run-fuzz
+
+run-fuzz:
+	go test -run '^$$' -fuzz FuzzSealedCheck -fuzztime $(FUZZTIME) ./dsoop
 
 bench: build
 	$(PYTHON) bench/run.py
