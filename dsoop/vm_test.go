@@ -113,33 +113,25 @@ func TestVMMLPWithParamsAsInputsAtSeveralBatchSizes(t *testing.T) {
 func TestVMCallsFromManyGoroutines(t *testing.T) {
 	f := openModel(t, modelsDir+"/two_outputs.so", "main")
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 50; i++ {
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
 				base := float32(g*1000 + i)
-				x := []float32{base, base + 1, base + 2, base + 3}
-				out, err := f.Call(mustTensor(t, x, 1, 4))
+				out, err := f.Call(mustTensor(t, []float32{base, base + 1, base + 2, base + 3}, 1, 4))
 				if err != nil {
-					errs <- err
+					t.Errorf("goroutine %d call %d: %v", g, i, err)
 					return
 				}
 				got := floats(t, out.Tensors[2])[0]
 				out.Close()
 				if want := 4*base + 6; got != want {
-					errs <- fmt.Errorf("goroutine %d call %d: sum %v, want %v", g, i, got, want)
+					t.Errorf("goroutine %d call %d: sum %v, want %v", g, i, got, want)
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
 }
 
 func TestVMErrors(t *testing.T) {
@@ -181,16 +173,17 @@ func TestVMPoolIsBounded(t *testing.T) {
 	t.Setenv(dsoop.VMInstancesEnv, "2")
 	f := openModel(t, modelsDir+"/two_outputs.so", "main")
 	var wg sync.WaitGroup
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 20; i++ {
-				if out, err := f.Call(mustTensor(t, []float32{1, 2, 3, 4}, 1, 4)); err == nil {
-					out.Close()
+	for range 8 {
+		wg.Go(func() {
+			for range 20 {
+				out, err := f.Call(mustTensor(t, []float32{1, 2, 3, 4}, 1, 4))
+				if err != nil {
+					t.Error(err)
+					return
 				}
+				out.Close()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	// How many were needed depends on how the calls overlapped; never more than 2.

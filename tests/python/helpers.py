@@ -6,6 +6,8 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
@@ -30,3 +32,23 @@ def run_python(
         [sys.executable, "-c", script, *args],
         capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})},
     )
+
+
+def run_in_threads(worker: Callable[[int], None], count: int) -> None:
+    """Runs worker(0..count-1) in as many threads at once and re-raises the
+    first exception any of them raised: a failure in a thread fails the test."""
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            worker(k)
+        except BaseException as e:  # noqa: BLE001 - reported by the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

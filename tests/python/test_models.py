@@ -13,7 +13,6 @@ import json
 import shutil
 import sys
 import textwrap
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import buffer_address, run_python
+from helpers import buffer_address, run_in_threads, run_python
 
 #: The largest difference allowed between TVM's float32 results and a reference.
 ATOL = 1e-5
@@ -178,33 +177,24 @@ def test_threads_share_model_functions(models_dir: Path, mlp_params: list[np.nda
     params = [tf.constant(p) for p in mlp_params]
     cnn_inputs = [images(4, seed) for seed in range(4)]
     cnn_expected = [keras_cnn(x, training=False).numpy() for x in cnn_inputs]
-    errors: list[BaseException] = []
     calls = [0] * 8
 
     def worker(k: int) -> None:
-        try:
-            rng = np.random.default_rng(100 + k)
-            kept = []
-            for i in range(40):
-                batch = int(rng.integers(1, 9))
-                x = rng.standard_normal((batch, 16)).astype(np.float32)
-                y = forward(tf.constant(x), *params)
-                kept.append((y, mlp_reference(x, mlp_params)))
-                assert_close(y.numpy(), kept[-1][1])
-                j = (k + i) % len(cnn_inputs)
-                assert np.max(np.abs(cnn(tf.constant(cnn_inputs[j])).numpy() - cnn_expected[j])) < ATOL
-                calls[k] += 2
-            for y, expected in kept:  # still right after the other threads' calls
-                assert_close(y.numpy(), expected)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+        rng = np.random.default_rng(100 + k)
+        kept = []
+        for i in range(40):
+            batch = int(rng.integers(1, 9))
+            x = rng.standard_normal((batch, 16)).astype(np.float32)
+            y = forward(tf.constant(x), *params)
+            kept.append((y, mlp_reference(x, mlp_params)))
+            assert_close(y.numpy(), kept[-1][1])
+            j = (k + i) % len(cnn_inputs)
+            assert np.max(np.abs(cnn(tf.constant(cnn_inputs[j])).numpy() - cnn_expected[j])) < ATOL
+            calls[k] += 2
+        for y, expected in kept:  # still right after the other threads' calls
+            assert_close(y.numpy(), expected)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 8)
     assert calls == [80] * 8
 
 

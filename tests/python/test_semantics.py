@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 import ml_dtypes
@@ -14,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import buffer_address
+from helpers import buffer_address, run_in_threads
 
 TVM_DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -303,26 +302,17 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
 
 def test_many_threads_same_and_different_functions(mod: tf_op.Module) -> None:
     add_one, vector_add, row_sum = mod.func("add_one"), mod.func("vector_add"), mod.func("row_sum", output_shape=[8])
-    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
-        try:
-            rng = np.random.default_rng(seed)
-            for _ in range(40):
-                a = rng.standard_normal(257).astype(np.float32)
-                m = rng.standard_normal((8, 5)).astype(np.float32)
-                np.testing.assert_array_equal(add_one(tf.constant(a)).numpy(), a + 1)
-                np.testing.assert_array_equal(vector_add(tf.constant(a), tf.constant(a)).numpy(), a + a)
-                np.testing.assert_allclose(row_sum(tf.constant(m)).numpy(), m.sum(axis=1), rtol=1e-5)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            a = rng.standard_normal(257).astype(np.float32)
+            m = rng.standard_normal((8, 5)).astype(np.float32)
+            np.testing.assert_array_equal(add_one(tf.constant(a)).numpy(), a + 1)
+            np.testing.assert_array_equal(vector_add(tf.constant(a), tf.constant(a)).numpy(), a + a)
+            np.testing.assert_allclose(row_sum(tf.constant(m)).numpy(), m.sum(axis=1), rtol=1e-5)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 8)
 
 
 def test_parallel_ops_in_one_graph(mod: tf_op.Module) -> None:
