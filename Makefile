@@ -4,7 +4,7 @@
 # make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
-# make fuzz         longer fuzzing of the checks a library passes before loading
+# make fuzz         longer fuzzing: the checks before loading, the Go argument frames
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -80,6 +80,7 @@ fuzz: build
 
 run-fuzz:
 	go test -run '^$$' -fuzz FuzzSealedCheck -fuzztime $(FUZZTIME) ./dsoop
+	go test -run '^$$' -fuzz FuzzFramePack -fuzztime $(FUZZTIME) ./dsoop
 
 bench: build
 	$(PYTHON) bench/run.py
