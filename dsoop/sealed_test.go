@@ -22,6 +22,18 @@ func copyLibrary(t *testing.T, from string) string {
 	return to
 }
 
+// openAddOne opens the library at path and its add_one, closed when the test ends.
+func openAddOne(t *testing.T, path string) (*dsoop.Module, *dsoop.Func) {
+	t.Helper()
+	m, err := dsoop.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	f, err := m.Func("add_one")
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return m, f
+}
+
 func addOneWorks(t *testing.T, f *dsoop.Func) {
 	t.Helper()
 	out := make([]float32, 2)
@@ -46,18 +58,12 @@ func TestLoadedLibraryIgnoresTheFileAfterwards(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			path := copyLibrary(t, testLib)
-			m, err := dsoop.Open(path)
-			require.NoError(t, err)
-			defer m.Close()
-			f, err := m.Func("add_one")
-			require.NoError(t, err)
-			defer f.Close()
+			_, f := openAddOne(t, path)
 			addOneWorks(t, f)
 			require.NoError(t, tc.change(path))
 			addOneWorks(t, f)
 			// An error raised now builds a backtrace, which reads the library.
-			err = f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, make([]float32, 3)))
-			require.Error(t, err)
+			require.Error(t, f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, make([]float32, 3))))
 		})
 	}
 }
@@ -113,12 +119,7 @@ func TestNotALibraryIsRefusedBeforeLoading(t *testing.T) {
 // taken from the old one keeps working.
 func TestRebuiltLibraryLoadsAnew(t *testing.T) {
 	path := copyLibrary(t, testLib)
-	m, err := dsoop.Open(path)
-	require.NoError(t, err)
-	defer m.Close()
-	f, err := m.Func("add_one")
-	require.NoError(t, err)
-	defer f.Close()
+	m, f := openAddOne(t, path)
 
 	other, err := os.ReadFile(ffiLib)
 	require.NoError(t, err)
