@@ -157,9 +157,8 @@ func (fr *frame) pack(args []any) error {
 		if t == nil {
 			continue
 		}
-		// TVM reads ndim strides: fewer would be read past this tensor's own.
-		if len(t.Strides) != 0 && len(t.Strides) != len(t.Shape) {
-			return fmt.Errorf("argument %d has %d strides for %d dimensions", i, len(t.Strides), len(t.Shape))
+		if err := checkStrides(i, t); err != nil {
+			return err
 		}
 		numTensors++
 		numDims += len(t.Shape) + len(t.Strides)
@@ -220,6 +219,21 @@ func (fr *frame) describe(d *dlTensor, t *dlpack.Tensor, dims []C.int64_t) []C.i
 		fr.pinner.Pin(t.Data) // does nothing for memory Go does not own
 		d.data = uintptr(t.Data)
 	}
+	return describeTensor(d, t, dims)
+}
+
+// checkStrides refuses argument i when its strides do not match its rank: TVM
+// reads ndim strides, and fewer would be read past this tensor's own.
+func checkStrides(i int, t *dlpack.Tensor) error {
+	if len(t.Strides) != 0 && len(t.Strides) != len(t.Shape) {
+		return fmt.Errorf("argument %d has %d strides for %d dimensions", i, len(t.Strides), len(t.Shape))
+	}
+	return nil
+}
+
+// describeTensor fills all of d but its data from t, with t's shape and strides
+// in dims, and returns what is left of dims.
+func describeTensor(d *dlTensor, t *dlpack.Tensor, dims []C.int64_t) []C.int64_t {
 	d.device = C.DLDevice{device_type: C.DLDeviceType(t.Device.Type), device_id: C.int32_t(t.Device.ID)}
 	d.ndim = C.int32_t(len(t.Shape))
 	d.dtype = C.DLDataType{code: C.uint8_t(t.DType.Code), bits: C.uint8_t(t.DType.Bits), lanes: C.uint16_t(t.DType.Lanes)}

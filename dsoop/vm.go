@@ -316,8 +316,13 @@ func (f *VMFunc) CallOn(stream unsafe.Pointer, args ...*dlpack.Tensor) (*Outputs
 	return out, nil
 }
 
-func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (*Outputs, error) {
+func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (_ *Outputs, err error) {
 	ref := &outputsRef{}
+	defer func() {
+		if err != nil {
+			ref.close() // the pins and views taken so far
+		}
+	}()
 	// The arguments as Tensor objects, in C memory.
 	anys := unsafe.Slice((*ffiAny)(C.calloc(C.size_t(max(len(args), 1)), C.size_t(unsafe.Sizeof(ffiAny{})))), len(args))
 	if len(args) > 0 && anys == nil {
@@ -335,21 +340,16 @@ func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (*Outputs, e
 	defer fr.release()
 	for i, t := range args {
 		if t == nil {
-			ref.close()
 			return nil, fmt.Errorf("argument %d is a nil tensor", i)
 		}
-		if len(t.Strides) != 0 && len(t.Strides) != len(t.Shape) {
-			ref.close()
-			return nil, fmt.Errorf("argument %d has %d strides for %d dimensions", i, len(t.Strides), len(t.Shape))
+		if err := checkStrides(i, t); err != nil {
+			return nil, err
 		}
 		if err := fr.reserve(0, 1, len(t.Shape)+len(t.Strides)); err != nil {
-			ref.close()
 			return nil, err
 		}
 		d := &fr.tensors[0]
-		fr.describe(d, t, fr.dims)
-		d.data = 0
-		fr.direct = fr.direct[:0]
+		describeTensor(d, t, fr.dims)
 		// TVM may keep the tensor past the call (an output may be the input):
 		// the pin lasts as long as the outputs.
 		if t.Data != nil {
@@ -359,7 +359,6 @@ func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (*Outputs, e
 		if C.dsoop_go_tensor((*C.DLTensor)(unsafe.Pointer(d)), C.uintptr_t(uintptr(t.Data)), &handle, &fr.err) != 0 {
 			cerr := fr.err
 			fr.err = C.DsoopError{}
-			ref.close()
 			return nil, fmt.Errorf("argument %d: %w", i, takeError(&cerr))
 		}
 		handles = append(handles, handle)
@@ -373,29 +372,32 @@ func (f *VMFunc) call(stream unsafe.Pointer, args []*dlpack.Tensor) (*Outputs, e
 	if C.dsoop_vm_call(f.ref.pool.ptr, f.ref.index, argp, C.int32_t(len(anys)), stream, &result, &fr.err) != 0 {
 		cerr := fr.err
 		fr.err = C.DsoopError{}
-		ref.close()
 		return nil, takeError(&cerr)
 	}
 	defer C.dsoop_any_release(&result)
 	tensors, err := resultTensors(&result)
 	if err != nil {
-		ref.close()
 		return nil, err
 	}
-	out := &Outputs{ref: ref}
-	runtime.AddCleanup(out, (*outputsRef).close, ref)
+	// Each view takes its own reference to its tensor.
+	defer func() {
+		for _, h := range tensors {
+			C.dsoop_object_release(h)
+		}
+	}()
 	for _, handle := range tensors {
 		var m *C.DLManagedTensor
 		var cerr C.DsoopError
-		rc := C.dsoop_tensor_to_dlpack(handle, &m, &cerr)
-		C.dsoop_object_release(handle)
-		if rc != 0 {
-			ref.close()
+		if C.dsoop_tensor_to_dlpack(handle, &m, &cerr) != 0 {
 			return nil, takeError(&cerr)
 		}
 		ref.managed = append(ref.managed, m)
+	}
+	out := &Outputs{ref: ref}
+	for _, m := range ref.managed {
 		out.Tensors = append(out.Tensors, viewOf(&m.dl_tensor))
 	}
+	runtime.AddCleanup(out, (*outputsRef).close, ref)
 	return out, nil
 }
 
