@@ -59,15 +59,13 @@ type Module struct {
 
 // moduleEntry is one loaded library, shared by the Modules opened on its path.
 type moduleEntry struct {
-	path    string
-	sha256  string         // of the bytes loaded
-	stat    os.FileInfo    // of the file they were read from, then
-	sealed  *sealedLibrary // the copy the library was loaded from
-	handle  C.TVMFFIObjectHandle
-	notCode map[string]bool           // names whose __tvm_ffi_<name> symbol is not a function
-	isVM    bool                      // holds a Relax VM executable (a whole model)
-	pools   map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
-	opens   int                       // guarded by modulesMu
+	path   string
+	stat   os.FileInfo    // of the file the library was read from, then
+	sealed *sealedLibrary // the copy it was loaded from: its digest, its data symbols
+	handle C.TVMFFIObjectHandle
+	isVM   bool                      // holds a Relax VM executable (a whole model)
+	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
+	opens  int                       // guarded by modulesMu
 }
 
 var (
@@ -114,7 +112,7 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	modulesMu.Lock()
 	defer modulesMu.Unlock()
 	if e, ok := modules[abs]; ok && sameFile(e.stat, st) {
-		if err := checkDigest(abs, e.sha256, sha256); err != nil {
+		if err := checkDigest(abs, e.sealed.digest, sha256); err != nil {
 			return nil, err
 		}
 		e.opens++
@@ -156,8 +154,7 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		C.dsoop_object_release(handle)
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
-	e := &moduleEntry{path: abs, sha256: sealed.digest, stat: st, sealed: sealed, handle: handle,
-		notCode: sealed.notCode, isVM: isVM == 1, opens: 1}
+	e := &moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}
 	modules[abs] = e
 	return &Module{entry: e}, nil
 }
@@ -207,8 +204,8 @@ func loadModule(path string) (C.TVMFFIObjectHandle, error) {
 // Path is the absolute path the module was loaded from.
 func (m *Module) Path() string { return m.entry.path }
 
-// SHA256 is the hex SHA-256 of the library file, read just before it was loaded.
-func (m *Module) SHA256() string { return m.entry.sha256 }
+// SHA256 is the hex SHA-256 of the bytes loaded: the file as read into the sealed copy.
+func (m *Module) SHA256() string { return m.entry.sealed.digest }
 
 // FileSHA256 is the hex SHA-256 of a file's contents, read in a stream.
 func FileSHA256(path string) (string, error) {
@@ -263,7 +260,7 @@ func (m *Module) Func(name string) (*Func, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
 	}
-	if m.entry.notCode[name] {
+	if m.entry.sealed.notCode[name] {
 		return nil, fmt.Errorf("dsoop: library %s: %q: %w (%s%s)", m.entry.path, name, ErrNotCode, ffiSymbolPrefix, name)
 	}
 	m.mu.RLock()

@@ -113,7 +113,7 @@ func (s *sealedLibrary) check() (err error) {
 			return fmt.Errorf("%w: program header %d points past the end of the file", ErrNotALibrary, i)
 		}
 	}
-	if f.Section(".dynamic") == nil && len(f.Progs) == 0 {
+	if len(f.Progs) == 0 {
 		return fmt.Errorf("%w: no program headers", ErrNotALibrary)
 	}
 	symbols, err := f.DynamicSymbols()
