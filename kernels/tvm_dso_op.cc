@@ -99,6 +99,17 @@ Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   return Status();
 }
 
+// size bytes aligned to alignment inside a temporary TF buffer on the kernel's
+// device (*block, which the caller keeps for as long as the bytes are used).
+Status AlignedTemp(OpKernelContext* ctx, size_t size, int64_t alignment, Tensor* block, char** out) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(
+      tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(size + alignment)}), block));
+  const auto base = reinterpret_cast<uintptr_t>(block->tensor_data().data());
+  const auto a = static_cast<uintptr_t>(alignment);
+  *out = reinterpret_cast<char*>((base + a - 1) / a * a);
+  return Status();
+}
+
 // Where a kernel's buffers live and how it reaches them: the host. Made per
 // Compute; scratch memory lives until it is destroyed, after the call.
 class CpuPlacement {
@@ -164,11 +175,7 @@ class GpuPlacement {
   // memory on the stream the work was queued on.
   Status Scratch(OpKernelContext* ctx, size_t size, int64_t alignment, char** out) {
     Tensor block;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(
-        tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(size + alignment)}), &block));
-    const auto base = reinterpret_cast<uintptr_t>(block.tensor_data().data());
-    const auto a = static_cast<uintptr_t>(alignment);
-    *out = reinterpret_cast<char*>((base + a - 1) / a * a);
+    TF_RETURN_IF_ERROR(AlignedTemp(ctx, size, alignment, &block, out));
     scratch_.push_back(std::move(block));
     return Status();
   }
@@ -470,12 +477,8 @@ class CallKernel : public OpKernel {
       if (size > 0 && !IsAligned(data, alignment_)) {
         // The copy lives as long as TVM holds the tensor, like TF's own buffer.
         Tensor block;
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                               TensorShape({static_cast<int64_t>(size + alignment_)}),
-                                               &block));
-        const auto base = reinterpret_cast<uintptr_t>(block.tensor_data().data());
-        const auto a = static_cast<uintptr_t>(alignment_);
-        char* aligned = reinterpret_cast<char*>((base + a - 1) / a * a);
+        char* aligned = nullptr;
+        OP_REQUIRES_OK(ctx, AlignedTemp(ctx, size, alignment_, &block, &aligned));
         OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
         lent->keep = std::move(block);
         data = aligned;
