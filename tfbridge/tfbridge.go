@@ -12,6 +12,7 @@ package tfbridge
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -48,19 +49,16 @@ func NewModule(path string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
-	m := &Module{path: abs}
-	digest, err := dsoop.FileSHA256(abs)
-	if err != nil {
-		return m, nil // reported by the op when the graph runs
-	}
-	m.sha256 = digest
-	// Left open, as the op leaves the libraries it loads: they share one copy.
+	// Left open, as the op leaves the libraries it loads: they share one copy, and
+	// the digest recorded is that of the bytes loaded.
 	module, err := dsoop.Open(abs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &Module{path: abs}, nil // reported by the op when the graph runs
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: %w", err)
 	}
-	m.model = module.IsVM()
-	return m, nil
+	return &Module{path: abs, sha256: module.SHA256(), model: module.IsVM()}, nil
 }
 
 // IsModel reports whether the library is a whole model (see dsoop.Module.IsVM).
