@@ -15,7 +15,6 @@ import argparse
 import ctypes
 import functools
 import json
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -41,7 +40,6 @@ import tensorflow as tf  # noqa: E402
 import tvm_ffi  # noqa: E402
 
 import tf_op  # noqa: E402
-from tf_op.tvm_paths import tvm_library_path  # noqa: E402
 from timing import SelfTimed, Timings, interleave, quartiles  # noqa: E402
 
 Results = dict[str, float | int | str]
@@ -267,19 +265,10 @@ def large_size(
 MODEL_ATOL = 1e-5
 
 
-def tvm_runtime_libraries() -> tuple[str, str]:
-    """The libtvm_ffi.so and libtvm_runtime.so the op library opens: the first of
-    each on $TVM_LIBRARY_PATH (set by tf_op when unset), as dsoop/runtime.go finds
-    them. dlopen of the same files gives this process's copies back."""
-    found: dict[str, str] = {}
-    for folder in (os.environ.get("TVM_LIBRARY_PATH") or tvm_library_path()).split(os.pathsep):
-        for name in ("libtvm_ffi.so", "libtvm_runtime.so"):
-            path = Path(folder, name)
-            if name not in found and folder and path.is_file():
-                found[name] = str(path)
-    if "libtvm_ffi.so" not in found:
-        raise FileNotFoundError("no libtvm_ffi.so on TVM_LIBRARY_PATH: install apache-tvm-ffi")
-    return found["libtvm_ffi.so"], found.get("libtvm_runtime.so", "")
+#: The TVM runtime libraries VmDirect opens, by soname: once the op has run,
+#: dlopen gives back the copies the op library opened (its TVM_LIBRARY_PATH
+#: search), so both sides run the same runtime.
+TVM_FFI_SONAME, TVM_RUNTIME_SONAME = "libtvm_ffi.so", "libtvm_runtime.so"
 
 
 class VmDirect:
@@ -303,10 +292,9 @@ class VmDirect:
         lib.vm_direct_close.argtypes = [ctypes.c_void_p]
         self._lib = lib
         self._err = ctypes.create_string_buffer(4096)
-        ffi, runtime = tvm_runtime_libraries()
         x = np.ascontiguousarray(x, dtype=np.float32)
         shape = (ctypes.c_int64 * x.ndim)(*x.shape)
-        paths = [ffi.encode(), runtime.encode(), str(model_lib).encode(), function.encode()]
+        paths = [TVM_FFI_SONAME.encode(), TVM_RUNTIME_SONAME.encode(), str(model_lib).encode(), function.encode()]
         self._handle: int | None = lib.vm_direct_open(
             *paths, x.ctypes.data_as(floats), shape, x.ndim, self._err, len(self._err)
         )
