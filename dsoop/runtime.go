@@ -7,6 +7,7 @@
 package dsoop
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/.. -I${SRCDIR}/../third_party/tvm-ffi/include
 #cgo LDFLAGS: -ldl -lpthread
 #include <stdlib.h>
 #include "dsoop.h"

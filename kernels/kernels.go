@@ -8,8 +8,8 @@
 package kernels
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/..
-#cgo CXXFLAGS: -std=c++17 -I${SRCDIR}/..
+#cgo CFLAGS: -I${SRCDIR}/.. -I${SRCDIR}/../third_party/tvm-ffi/include
+#cgo CXXFLAGS: -std=c++17 -I${SRCDIR}/.. -I${SRCDIR}/../third_party/tvm-ffi/include
 #include <stdlib.h>
 #include "kernels/target.h"
 */

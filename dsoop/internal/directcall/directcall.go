@@ -3,7 +3,7 @@
 package directcall
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../..
+#cgo CFLAGS: -I${SRCDIR}/../../.. -I${SRCDIR}/../../../third_party/tvm-ffi/include
 #include <stdlib.h>
 #include "dsoop/dsoop.h"
 
