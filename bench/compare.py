@@ -266,7 +266,7 @@ MODEL_ATOL = 1e-5
 
 
 #: The TVM runtime libraries VmDirect opens, by soname: once the op has run,
-#: dlopen gives back the copies the op library opened (its TVM_LIBRARY_PATH
+#: dlopen gives back the copies the op library opened (its TVMDSOOP_LIBRARY_PATH
 #: search), so both sides run the same runtime.
 TVM_FFI_SONAME, TVM_RUNTIME_SONAME = "libtvm_ffi.so", "libtvm_runtime.so"
 

@@ -27,7 +27,7 @@ var testLib, ffiLib, cudaLib, modelsDir string
 
 // TestMain builds the test functions with apache-tvm, in the project's venv (or
 // the Python named by TVMDSOOP_PYTHON). `make test` sets up both the venv and
-// TVM_LIBRARY_PATH.
+// TVMDSOOP_LIBRARY_PATH.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "dsoop-test")
 	if err != nil {

@@ -28,7 +28,7 @@ import (
 // ':') that hold libtvm_ffi.so and, for tvm.compile'd modules, libtvm_runtime.so
 // (and, for CUDA modules, libtvm_runtime_cuda.so and the CUDA runtime it links).
 // The Python package sets it from the installed packages when unset.
-const LibraryPathEnv = "TVM_LIBRARY_PATH"
+const LibraryPathEnv = "TVMDSOOP_LIBRARY_PATH"
 
 const (
 	ffiLibraryName     = "libtvm_ffi.so"

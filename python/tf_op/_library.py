@@ -17,7 +17,7 @@ LIBRARY_NAME = "libtvm_dso_op.so"
 #: Names the op library to load instead of the one found next to the package.
 LIBRARY_ENV = "TVMDSOOP_LIBRARY"
 #: Folders holding the TVM runtime libraries (read by the op library).
-TVM_LIBRARY_PATH_ENV = "TVM_LIBRARY_PATH"
+LIBRARY_PATH_ENV = "TVMDSOOP_LIBRARY_PATH"
 
 _lock = threading.Lock()
 _ops: ModuleType | None = None
@@ -52,8 +52,8 @@ def load() -> ModuleType:
     global _ops
     with _lock:
         if _ops is None:
-            if not os.environ.get(TVM_LIBRARY_PATH_ENV):
-                os.environ[TVM_LIBRARY_PATH_ENV] = tvm_library_path()
+            if not os.environ.get(LIBRARY_PATH_ENV):
+                os.environ[LIBRARY_PATH_ENV] = tvm_library_path()
             _ops = tf.load_op_library(str(library_path()))
         return _ops
 

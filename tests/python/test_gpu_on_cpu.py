@@ -30,6 +30,11 @@ def _has_cuda_driver() -> bool:
 
 
 needs_no_cuda_driver = pytest.mark.skipif(_has_cuda_driver(), reason="checks a machine without a CUDA driver")
+#: make's build turns the harness on; a plain CMake build leaves it out.
+needs_gpu_harness = pytest.mark.skipif(
+    not (GPU_BUILD / "model_harness").is_file(),
+    reason="the GPU harness was not built (cmake -DTVMDSOOP_GPU_HARNESS=ON, as make does)",
+)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +48,7 @@ def test_gpu_kernel_is_registered(op: str, host_memory: set[str]) -> None:
     assert not registered["CPU"].host_memory_arg
 
 
+@needs_gpu_harness
 def test_tvm_cuda_library_refuses_host_tensors(testlib: str) -> None:
     """TVM's add_one for CUDA, built by nvcc for the GPU harness, loads here and
     TVM's own argument checks name the device it expects."""
@@ -79,6 +85,7 @@ def test_cpu_libraries_open_no_cuda_library(testlib: str) -> None:
     assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
+@needs_gpu_harness
 @needs_no_cuda_driver
 def test_gpu_harness_reports_no_gpu() -> None:
     run = subprocess.run(
@@ -89,13 +96,14 @@ def test_gpu_harness_reports_no_gpu() -> None:
     assert "no GPU" in run.stderr
 
 
+@needs_gpu_harness
 @needs_no_cuda_driver
 def test_cudaload_reports_no_driver() -> None:
     """cudaload (make test-gpu) goes through dsoop's opening of TVM's CUDA runtime;
     here it gets as far as the missing driver."""
     run = subprocess.run(
         [str(GPU_BUILD / "cudaload"), str(GPU_BUILD / "tvm_add_one_lib.so")],
-        env={**os.environ, "TVM_LIBRARY_PATH": f"{GPU_BUILD}:{GPU_BUILD / 'tvm'}"},
+        env={**os.environ, "TVMDSOOP_LIBRARY_PATH": f"{GPU_BUILD}:{GPU_BUILD / 'tvm'}"},
         capture_output=True, text=True, check=False,
     )
     assert run.returncode == 2, run.stderr

@@ -140,7 +140,7 @@ def test_static_archive_runs_the_savedmodel(tmp_path: Path, testlib: str) -> Non
         [str(STATIC_PROGRAM), str(model), input_name, *output_names, "--", *map(str, expected["x"])],
         capture_output=True, text=True, timeout=300,
         # A server names the TVM runtime's folders itself; Python's tf_op is not there.
-        env={**os.environ, "TVM_LIBRARY_PATH": tvm_library_path(), "TVMDSOOP_LIBRARY": "/nonexistent/not-loaded.so"},
+        env={**os.environ, "TVMDSOOP_LIBRARY_PATH": tvm_library_path(), "TVMDSOOP_LIBRARY": "/nonexistent/not-loaded.so"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "linked in" in done.stderr

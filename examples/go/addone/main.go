@@ -3,7 +3,7 @@
 //	go run ./examples/go/addone add_one.so
 //
 // Build add_one.so with `python examples/build_add_one.py add_one.so`; `make
-// go-examples` does both, with the environment this needs (TVM_LIBRARY_PATH and
+// go-examples` does both, with the environment this needs (TVMDSOOP_LIBRARY_PATH and
 // the cgo flags of build/cgo.mk).
 package main
 

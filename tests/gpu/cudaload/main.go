@@ -1,9 +1,9 @@
 // Command cudaload checks, on a GPU machine, that dsoop opens TVM's CUDA runtime
 // for a library holding CUDA code: it opens a tvm.compile'd CUDA library (from
 // tests/gpu/tvm_add_one.py export-library) the way the op does, with the
-// libraries of TVM_LIBRARY_PATH.
+// libraries of TVMDSOOP_LIBRARY_PATH.
 //
-//	TVM_LIBRARY_PATH=build/gpu:build/gpu/tvm cudaload build/gpu/tvm_add_one_lib.so
+//	TVMDSOOP_LIBRARY_PATH=build/gpu:build/gpu/tvm cudaload build/gpu/tvm_add_one_lib.so
 //
 // That library carries CUDA source, which only TVM's Python package compiles, so
 // the expected outcome is dsoop.ErrCUDASourceNotCompiled: TVM's CUDA runtime
