@@ -510,3 +510,34 @@ func TestDataSymbolIsNotAFunction(t *testing.T) {
 	require.NoError(t, err)
 	f.Close()
 }
+
+// TestReservedNamesAreRefused: a name TVM keeps for its own symbols is refused
+// before any lookup, with an error of its own; in a whole model's library,
+// "_library_bin" reaches the embedded modules, and was refused as data before.
+func TestReservedNamesAreRefused(t *testing.T) {
+	model := filepath.Join(modelsDir, "mlp.so")
+	tests := []struct {
+		lib, name string
+		want      error
+	}{
+		{model, "_library_bin", dsoop.ErrReservedName},
+		{testLib, "_library_ctx", dsoop.ErrReservedName},
+		{ffiLib, "_metadata_add_int", dsoop.ErrReservedName},
+		{ffiLib, "__tvm_main__", dsoop.ErrReservedName},
+		{testLib, "main", dsoop.ErrFunctionNotFound}, // looked up: a library may export it
+		{ffiLib, "not_code", dsoop.ErrNotCode},
+	}
+	for _, tc := range tests {
+		t.Run(filepath.Base(tc.lib)+"/"+tc.name, func(t *testing.T) {
+			m, err := dsoop.Open(tc.lib)
+			require.NoError(t, err)
+			defer m.Close()
+			_, err = m.Func(tc.name)
+			require.ErrorIs(t, err, tc.want)
+			assert.Contains(t, err.Error(), tc.name)
+			if tc.want == dsoop.ErrReservedName {
+				assert.NotErrorIs(t, err, dsoop.ErrFunctionNotFound, "a reserved name is a bad argument, not a missing function")
+			}
+		})
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,6 +39,11 @@ var ErrFunctionNotFound = errors.New("function not found")
 // ErrNotCode means a name's symbol in the library is data, not a function: a
 // call would jump into it. It is a kind of ErrFunctionNotFound.
 var ErrNotCode = fmt.Errorf("%w: the symbol is data, not code", ErrFunctionNotFound)
+
+// ErrReservedName means a function name is one TVM keeps for its own symbols (a
+// library's context and embedded modules, a function's metadata), never a
+// function of the library's author.
+var ErrReservedName = errors.New("the name is reserved for TVM's own symbols, not a function")
 
 // ErrNotAllowed means a library lies outside the folders of AllowedDirsEnv.
 var ErrNotAllowed = errors.New("library outside the allowed folders")
@@ -255,10 +261,42 @@ func checkAllowed(path, allowed string) error {
 // TVM-FFI (TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm.compile's functions).
 const ffiSymbolPrefix = "__tvm_ffi_"
 
+// reservedNames and reservedPrefixes are the names whose __tvm_ffi_<name>
+// symbol TVM keeps for itself. From apache-tvm-ffi's include/tvm/ffi/extra/module.h
+// (namespace symbol: "special symbols have one extra _ prefix to avoid conflict
+// with user symbols"), function.h and extra/cuda/cubin_launcher.h:
+//   - __tvm_ffi__library_ctx, __tvm_ffi__library_bin: the library's context
+//     pointer and its embedded modules (data);
+//   - __tvm_ffi__metadata_<f>, __tvm_ffi__doc_<f>: getters of a function's type
+//     schema and docstring (TVM_FFI_DLL_EXPORT_TYPED_FUNC), not the function;
+//   - __tvm_ffi__cubin_<name>: CUDA binaries embedded with TVM_FFI_EMBED_CUBIN (data).
+//
+// TVM 0.21 named the first two __tvm_ffi_library_ctx and __tvm_ffi_library_bin
+// (include/tvm/runtime/module.h at v0.21.0), which the same lookup reaches as
+// "library_ctx" and "library_bin". TVM before it looked symbols up by their bare
+// names, and its own are all __tvm... (__tvm_main__, __tvm_module_ctx,
+// __tvm_dev_mblob, __tvm_set_device, ...: v0.20.0's module.h); C reserves names
+// beginning with two underscores for the implementation, so none is a user's.
+//
+// "main" (__tvm_ffi_main) is not reserved: it is the module's entry function,
+// code that tvm.compile exports for its user.
+var (
+	reservedNames    = map[string]bool{"_library_ctx": true, "_library_bin": true, "library_ctx": true, "library_bin": true}
+	reservedPrefixes = []string{"_metadata_", "_doc_", "_cubin_", "__tvm"}
+)
+
+// isReservedName reports whether name reaches a symbol TVM keeps for itself.
+func isReservedName(name string) bool {
+	return reservedNames[name] || slices.ContainsFunc(reservedPrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
+}
+
 // Func looks up a function of the module (or of the modules it imports).
 func (m *Module) Func(name string) (*Func, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
+	}
+	if isReservedName(name) {
+		return nil, fmt.Errorf("dsoop: library %s: %q: %w (TVM-FFI looks it up as %s%s)", m.entry.path, name, ErrReservedName, ffiSymbolPrefix, name)
 	}
 	if m.entry.sealed.notCode[name] {
 		return nil, fmt.Errorf("dsoop: library %s: %q: %w (%s%s)", m.entry.path, name, ErrNotCode, ffiSymbolPrefix, name)
