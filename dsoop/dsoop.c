@@ -1,10 +1,11 @@
 // dsoop.c: opens the TVM-FFI runtime and calls TVM functions (see dsoop.h).
-#define _GNU_SOURCE  // dladdr
+#define _GNU_SOURCE  // dladdr, dlinfo
 #include "dsoop.h"
 
 #include <tvm/ffi/extra/c_env_api.h>
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,6 +76,29 @@ static int get_global(const char* name, TVMFFIObjectHandle* out, DsoopError* err
   if (*out == NULL) {
     return dsoop_error_set(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
   }
+  return 0;
+}
+
+int dsoop_runtime_version(const char* ffi_library, TVMFFIVersion* version, const char** file,
+                          DsoopError* err) {
+  *file = ffi_library;
+  // Never closed, like dsoop_runtime_init's handle: this is the same one.
+  void* ffi = dlopen(ffi_library, RTLD_NOW | RTLD_GLOBAL);
+  if (ffi == NULL) {
+    return dsoop_error_set(err, "RuntimeError", "cannot open the TVM-FFI runtime: %s", dlerror());
+  }
+  struct link_map* map = NULL;
+  if (dlinfo(ffi, RTLD_DI_LINKMAP, &map) == 0 && map != NULL && map->l_name != NULL &&
+      map->l_name[0] != '\0') {
+    *file = map->l_name;
+  }
+  void (*get_version)(TVMFFIVersion*) = NULL;
+  *(void**)(&get_version) = dlsym(ffi, "TVMFFIGetVersion");
+  if (get_version == NULL) {
+    return dsoop_error_set(err, "RuntimeError",
+                           "%s does not export TVMFFIGetVersion: not a TVM-FFI runtime", *file);
+  }
+  get_version(version);
   return 0;
 }
 

@@ -32,9 +32,19 @@ void dsoop_error_clear(DsoopError* err);
 int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+// Opens the TVM-FFI library with RTLD_GLOBAL, as dsoop_runtime_init does (the
+// same handle), and reads its version with TVMFFIGetVersion, the one entry point
+// stable across every version of the C ABI. Nothing else of the library is
+// called, so a caller can refuse a runtime of another version before relying on
+// its ABI. *file is the file the loader opened (ffi_library may be a bare soname),
+// valid for the life of the process: the library is never closed.
+int dsoop_runtime_version(const char* ffi_library, TVMFFIVersion* version, const char** file,
+                          DsoopError* err);
+
 // Opens the TVM-FFI library (required) and the TVM runtime (optional, may be NULL
 // or "") with RTLD_GLOBAL and resolves the entry points. Safe to call again: later
-// calls after a success do nothing and return 0.
+// calls after a success do nothing and return 0. It does not check the version:
+// dsoop's Go side calls dsoop_runtime_version first.
 int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
 
 // The file of the shared object this code was linked into (the op library, or

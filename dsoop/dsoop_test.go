@@ -27,8 +27,11 @@ var testLib, ffiLib, cudaLib, modelsDir string
 
 // TestMain builds the test functions with apache-tvm, in the project's venv (or
 // the Python named by TVMDSOOP_PYTHON). `make test` sets up both the venv and
-// TVMDSOOP_LIBRARY_PATH.
+// TVMDSOOP_LIBRARY_PATH. A child process of the runtime tests only runs Init.
 func TestMain(m *testing.M) {
+	if os.Getenv(initChildEnv) != "" {
+		runInitChild()
+	}
 	dir, err := os.MkdirTemp("", "dsoop-test")
 	if err != nil {
 		panic(err)

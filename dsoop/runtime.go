@@ -46,6 +46,19 @@ const (
 // ErrRuntimeNotFound means the TVM-FFI runtime library could not be opened.
 var ErrRuntimeNotFound = errors.New("TVM-FFI runtime (" + ffiLibraryName + ") not found")
 
+// ErrRuntimeVersion means the TVM-FFI runtime is of another major.minor version
+// than the TVM-FFI headers dsoop was compiled with. TVM-FFI is at 0.x, where a
+// minor release may change the C ABI, so such a runtime is refused before
+// anything of it but its version is called.
+var ErrRuntimeVersion = errors.New("TVM-FFI runtime of another version than dsoop was built for")
+
+// runtimeHelp says where the runtime libraries come from and how dsoop finds
+// them: the fix for ErrRuntimeNotFound.
+const runtimeHelp = "install the pip package apache-tvm-ffi and set " + LibraryPathEnv + " to the folder holding " +
+	ffiLibraryName + ", its tvm_ffi/lib folder (`python -c \"import tvm_ffi.libinfo as l; print(l.find_libtvm_ffi())\"` " +
+	"prints the library's path); for libraries made by tvm.compile, add the folder of " + runtimeLibraryName +
+	", the tvm/lib folder of the pip package apache-tvm (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"`)"
+
 // ErrCUDARuntimeNotLoaded means a library holds CUDA code but TVM's CUDA runtime,
 // which loads such code, could not be opened (the error says why).
 var ErrCUDARuntimeNotLoaded = errors.New("TVM's CUDA runtime did not load")
@@ -80,20 +93,55 @@ func Init() error {
 }
 
 func initRuntime() error {
-	libs, err := findLibraries(getenv(LibraryPathEnv))
+	searchPath := getenv(LibraryPathEnv)
+	libs, err := findLibraries(searchPath)
 	if err != nil {
 		return err
 	}
 	cFFI, cRuntime := C.CString(libs.ffi), C.CString(libs.runtime)
 	defer C.free(unsafe.Pointer(cFFI))
 	defer C.free(unsafe.Pointer(cRuntime))
+	// The version first: nothing else of a runtime of another version is called.
 	var cerr C.DsoopError
+	var cVersion C.TVMFFIVersion
+	var file *C.char
+	if C.dsoop_runtime_version(cFFI, &cVersion, &file, &cerr) != 0 {
+		where := LibraryPathEnv + " is not set, and the dynamic loader did not find it"
+		if searchPath != "" {
+			where = "found through " + LibraryPathEnv + "=" + searchPath
+		}
+		return fmt.Errorf("dsoop: %w: %w (%s): %s", ErrRuntimeNotFound, takeError(&cerr), where, runtimeHelp)
+	}
+	have := version{uint32(cVersion.major), uint32(cVersion.minor), uint32(cVersion.patch)}
+	if err := checkRuntimeVersion(C.GoString(file), have, builtVersion); err != nil {
+		return err
+	}
 	if C.dsoop_runtime_init(cFFI, cRuntime, &cerr) != 0 {
 		err := takeError(&cerr)
 		return fmt.Errorf("dsoop: %w: %w", ErrRuntimeNotFound, err)
 	}
 	found = libs
 	return nil
+}
+
+// version is a TVM-FFI version.
+type version struct{ major, minor, patch uint32 }
+
+func (v version) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.patch) }
+
+// builtVersion is the version of the TVM-FFI headers dsoop is compiled with
+// (third_party/tvm-ffi).
+var builtVersion = version{C.TVM_FFI_VERSION_MAJOR, C.TVM_FFI_VERSION_MINOR, C.TVM_FFI_VERSION_PATCH}
+
+// checkRuntimeVersion refuses the runtime at file when its major.minor differs
+// from built's; patch releases keep the C ABI.
+func checkRuntimeVersion(file string, found, built version) error {
+	if found.major == built.major && found.minor == built.minor {
+		return nil
+	}
+	return fmt.Errorf("dsoop: %w: %s is TVM-FFI %s, dsoop was built with the headers of TVM-FFI %s, and the major.minor "+
+		"versions must match: install apache-tvm-ffi %d.%d.x, or point %s at its tvm_ffi/lib folder",
+		ErrRuntimeVersion, file, found, built, built.major, built.minor, LibraryPathEnv)
 }
 
 // loadCUDARuntime opens TVM's CUDA runtime, once, when the first library holding
@@ -180,8 +228,7 @@ func findLibraries(searchPath string) (libraries, error) {
 		}
 	}
 	if libs.ffi == "" {
-		return libraries{}, fmt.Errorf("dsoop: %w in %s=%s (install apache-tvm-ffi, or point %s at the folder holding %s)",
-			ErrRuntimeNotFound, LibraryPathEnv, searchPath, LibraryPathEnv, ffiLibraryName)
+		return libraries{}, fmt.Errorf("dsoop: %w in %s=%s: %s", ErrRuntimeNotFound, LibraryPathEnv, searchPath, runtimeHelp)
 	}
 	return libs, nil
 }

@@ -59,10 +59,40 @@ func TestFindLibraries(t *testing.T) {
 			if tt.wantErr {
 				require.ErrorIs(t, err, ErrRuntimeNotFound)
 				assert.Contains(t, err.Error(), tt.searchPath)
+				assert.Contains(t, err.Error(), runtimeHelp)
 				return
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestCheckRuntimeVersion(t *testing.T) {
+	built := version{0, 1, 16}
+	tests := []struct {
+		name  string
+		found version
+		ok    bool
+	}{
+		{"the same", version{0, 1, 16}, true},
+		{"an older patch", version{0, 1, 15}, true},
+		{"a newer patch", version{0, 1, 99}, true},
+		{"an older minor", version{0, 0, 16}, false},
+		{"a newer minor", version{0, 2, 0}, false},
+		{"another major", version{1, 1, 16}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkRuntimeVersion("/x/libtvm_ffi.so", tc.found, built)
+			if tc.ok {
+				assert.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrRuntimeVersion)
+			for _, s := range []string{"/x/libtvm_ffi.so", tc.found.String(), "0.1.16", "apache-tvm-ffi 0.1.x", LibraryPathEnv} {
+				assert.Contains(t, err.Error(), s)
+			}
 		})
 	}
 }
