@@ -19,10 +19,12 @@ all: build
 
 setup: $(STAMP)
 
-$(STAMP): requirements/run.txt requirements/test.txt requirements/gpu.txt python/pyproject.toml
+# tf_op itself is used from python/ in place (a .pth file, what an editable install
+# amounts to), with the op library of build/; `pip install .` is for users.
+$(STAMP): requirements/run.txt requirements/test.txt requirements/gpu.txt
 	test -x $(PYTHON) || $(HOST_PYTHON) -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet -r requirements/test.txt -r requirements/gpu.txt
-	$(PYTHON) -m pip install --quiet -e python
+	$(PYTHON) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "tvmdsoop-dev.pth").write_text("$(abspath python)\n")'
 	go mod download
 	touch $@
 

@@ -14,11 +14,12 @@ TVMDSOOp nodes load and run after a plain ``import tf_op``.
 from types import ModuleType
 
 from tf_op import _library
-from tf_op._library import library_path
+from tf_op._library import BuildMismatchError, library_path
+from tf_op._version import __version__
 from tf_op.keras_layer import ModelLayer
 from tf_op.module import Func, Module, OpModule
 
-__all__ = ["Func", "ModelLayer", "Module", "OpModule", "library_path", "ops"]
+__all__ = ["BuildMismatchError", "Func", "ModelLayer", "Module", "OpModule", "__version__", "library_path", "ops"]
 
 _library.load()
 

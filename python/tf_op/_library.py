@@ -14,6 +14,8 @@ import tensorflow as tf
 from .tvm_paths import tvm_library_path
 
 LIBRARY_NAME = "libtvm_dso_op.so"
+#: Written beside the op library by its build: the TensorFlow it was built for.
+BUILD_INFO_NAME = "tvmdsoop_build.json"
 #: Names the op library to load instead of the one found next to the package.
 LIBRARY_ENV = "TVMDSOOP_LIBRARY"
 #: Folders holding the TVM runtime libraries (read by the op library).
@@ -43,8 +45,39 @@ def library_path() -> Path:
     raise FileNotFoundError(
         f"tf_op: the op library {LIBRARY_NAME} was not found in "
         + " or ".join(str(c.parent) for c in candidates)
-        + f"; build it with `make build` or set {LIBRARY_ENV}"
+        + f"; install the package with `pip install .` from its source (docs/install.md), "
+        + f"run `make build` in a checkout, or set {LIBRARY_ENV}"
     )
+
+
+class BuildMismatchError(ImportError):
+    """The op library was built for another TensorFlow than the one running."""
+
+
+def _minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def check_build(library: Path, running: str) -> None:
+    """Refuses an op library built for another TensorFlow minor version than
+    ``running``, before TensorFlow loads it: TF's C++ API changes between minor
+    versions, and loading would fail on an undefined, mangled symbol (or worse).
+
+    A library with no build record beside it (one named by ``$TVMDSOOP_LIBRARY``
+    and built by other means) is not checked."""
+    try:
+        info = json.loads((library.parent / BUILD_INFO_NAME).read_text())
+    except FileNotFoundError:
+        return
+    built = str(info.get("tensorflow", "unknown"))
+    if _minor(built) != _minor(running):
+        raise BuildMismatchError(
+            f"tf_op: the op library {library} was built for TensorFlow {built}, but TensorFlow "
+            f"{running} is running. The op is compiled against TensorFlow's C++ API, which "
+            "changes between minor versions: rebuild it in this environment with "
+            "`pip install --force-reinstall --no-deps --no-cache-dir <tvmdsoop source>` "
+            "(or `make build` in a checkout)."
+        )
 
 
 def load() -> ModuleType:
@@ -54,7 +87,9 @@ def load() -> ModuleType:
         if _ops is None:
             if not os.environ.get(LIBRARY_PATH_ENV):
                 os.environ[LIBRARY_PATH_ENV] = tvm_library_path()
-            _ops = tf.load_op_library(str(library_path()))
+            library = library_path()
+            check_build(library, tf.__version__)
+            _ops = tf.load_op_library(str(library))
         return _ops
 
 
