@@ -2,12 +2,18 @@ package dsoop_test
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
 	"github.com/tvmdsoop/tvmdsoop/dsoop/internal/directcall"
+	"github.com/tvmdsoop/tvmdsoop/dsoop/internal/plaindlopen"
 
 	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 )
@@ -84,4 +90,85 @@ func BenchmarkCallOverhead(b *testing.B) {
 	b.ReportMetric(testenv.Median(goNs), "go-ns/call")
 	b.ReportMetric(testenv.Median(cNs), "c-ns/call")
 	b.ReportMetric(testenv.Median(diffNs), "overhead-ns/call")
+}
+
+// blobLibrary builds, in dir, a TVM-FFI library of about size bytes: a constant
+// array in a loaded segment (as a model's weights embedded by export_library
+// are), and blob_size, which returns the array's size.
+func blobLibrary(tb testing.TB, dir string, size int64) string {
+	tb.Helper()
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		tb.Skip("no gcc to build the libraries")
+	}
+	repo, err := filepath.Abs("..")
+	require.NoError(tb, err)
+	src := filepath.Join(dir, fmt.Sprintf("blob%d.c", size))
+	code := fmt.Sprintf(`#include <tvm/ffi/c_api.h>
+// Zero but its first byte: the compiler writes it out in full without a
+// gigabyte of source.
+__attribute__((used)) static const unsigned char blob[%d] = {1};
+TVM_FFI_DLL_EXPORT int __tvm_ffi_blob_size(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
+  result->type_index = kTVMFFIInt;
+  result->zero_padding = 0;
+  result->v_int64 = (int64_t)sizeof(blob);
+  return 0;
+}
+`, size)
+	require.NoError(tb, os.WriteFile(src, []byte(code), 0o644))
+	lib := filepath.Join(dir, fmt.Sprintf("blob%d.so", size))
+	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-I"+repo, "-I"+filepath.Join(repo, "third_party/tvm-ffi/include"),
+		"-o", lib, src).CombinedOutput()
+	require.NoError(tb, err, "%s", out)
+	return lib
+}
+
+func TestBlobLibraryLoads(t *testing.T) {
+	lib := blobLibrary(t, t.TempDir(), 4096)
+	got, err := openFuncIn(t, lib, "blob_size").CallValue()
+	require.NoError(t, err)
+	assert.Equal(t, int64(4096), got)
+}
+
+// BenchmarkOpen measures loading a library afresh (each Open follows the Close
+// of the last Module on the path, so nothing is shared): with a pinned digest
+// (read once, SHA-256, ELF checks, sealed copy, TVM's loader), without one
+// (the same, and first the load in tvmdsoop-probe), and a plain dlopen of the
+// file for comparison. The file is in the page cache throughout.
+//
+//	. build/env.sh && go test -run '^$' -bench BenchmarkOpen -benchtime 10x ./dsoop
+func BenchmarkOpen(b *testing.B) {
+	if probe := os.Getenv(dsoop.ProbeEnv); probe == "" || probe == "off" {
+		b.Skip(dsoop.ProbeEnv + " does not name tvmdsoop-probe (. build/env.sh sets it)")
+	}
+	dir := b.TempDir()
+	for _, size := range []struct {
+		name  string
+		bytes int64
+	}{{"1MiB", 1 << 20}, {"64MiB", 64 << 20}, {"256MiB", 256 << 20}} {
+		lib := blobLibrary(b, dir, size.bytes)
+		digest, err := dsoop.FileSHA256(lib)
+		require.NoError(b, err)
+		st, err := os.Stat(lib)
+		require.NoError(b, err)
+		open := func(b *testing.B, sha256 string) {
+			b.SetBytes(st.Size())
+			for b.Loop() {
+				m, err := dsoop.OpenPinned(lib, sha256)
+				if err != nil {
+					b.Fatal(err)
+				}
+				m.Close()
+			}
+		}
+		b.Run(size.name+"/pinned", func(b *testing.B) { open(b, digest) })
+		b.Run(size.name+"/probe", func(b *testing.B) { open(b, "") })
+		b.Run(size.name+"/dlopen", func(b *testing.B) {
+			for b.Loop() {
+				if err := plaindlopen.OpenClose(lib); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

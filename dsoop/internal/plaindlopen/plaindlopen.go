@@ -1,0 +1,36 @@
+// Package plaindlopen loads a library with dlopen and nothing else: the baseline
+// that dsoop's load-time checks (read, digest, ELF checks, sealed copy, probe)
+// are measured against.
+package plaindlopen
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+
+// TVM's loader's flags. Returns NULL, or the loader's message.
+static const char* open_close(const char* path) {
+  void* handle = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+  if (handle == NULL) return dlerror();
+  dlclose(handle);
+  return NULL;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"unsafe"
+)
+
+// OpenClose opens the library at path with dlopen, as TVM's loader does, and
+// closes it: a library no one else holds is unmapped, so the next call loads
+// it anew.
+func OpenClose(path string) error {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	if msg := C.open_close(cpath); msg != nil {
+		return errors.New(C.GoString(msg))
+	}
+	return nil
+}
