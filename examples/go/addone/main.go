@@ -1,10 +1,11 @@
 // Command addone calls a TVM-compiled add_one on a Go []float32 through dsoop.
 //
-//	go run ./examples/go/addone add_one.so
+//	TVMDSOOP_LIBRARY_PATH=.../tvm_ffi/lib:.../tvm/lib go run ./examples/go/addone add_one.so
 //
-// Build add_one.so with `python examples/build_add_one.py add_one.so`; `make
-// go-examples` does both, with the environment this needs (TVMDSOOP_LIBRARY_PATH and
-// the cgo flags of build/cgo.mk).
+// It builds with plain `go build`: dsoop needs no cgo flags, only, at run time,
+// the folders of libtvm_ffi.so (apache-tvm-ffi) and libtvm_runtime.so
+// (apache-tvm) in TVMDSOOP_LIBRARY_PATH (docs/go.md). Build add_one.so with
+// `python examples/build_add_one.py add_one.so`; `make go-examples` does both.
 package main
 
 import (

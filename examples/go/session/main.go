@@ -1,10 +1,13 @@
 // Command session runs a TensorFlow graph that mixes TF ops and a TVM function,
 // in a Go TF session (github.com/wamuir/graft).
 //
-//	go run ./examples/go/session add_one.so
+//	. build/env.sh && go run ./examples/go/session add_one.so
 //
-// Importing tfbridge links the TVMDSOOp kernels into this binary; it never loads
-// the c-shared op library.
+// The TF Go bindings need TensorFlow's headers and C library: build/env.sh,
+// written by `make build`, sets the cgo flags for the project's TensorFlow and
+// the TVM runtime's TVMDSOOP_LIBRARY_PATH (docs/go.md). Importing tfbridge
+// links the TVMDSOOp kernels into this binary; it never loads the c-shared op
+// library.
 package main
 
 import (
