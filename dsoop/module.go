@@ -273,8 +273,8 @@ const ffiSymbolPrefix = "__tvm_ffi_"
 //
 // TVM 0.21 named the first two __tvm_ffi_library_ctx and __tvm_ffi_library_bin
 // (include/tvm/runtime/module.h at v0.21.0), which the same lookup reaches as
-// "library_ctx" and "library_bin". TVM before it looked symbols up by their bare
-// names, and its own are all __tvm... (__tvm_main__, __tvm_module_ctx,
+// "library_ctx" and "library_bin". TVM up to 0.21 looked symbols up by their
+// bare names, and its own are all __tvm... (__tvm_main__, __tvm_module_ctx,
 // __tvm_dev_mblob, __tvm_set_device, ...: v0.20.0's module.h); C reserves names
 // beginning with two underscores for the implementation, so none is a user's.
 //
@@ -290,7 +290,9 @@ func isReservedName(name string) bool {
 	return reservedNames[name] || slices.ContainsFunc(reservedPrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
 }
 
-// Func looks up a function of the module (or of the modules it imports).
+// Func looks up a function of the module (or of the modules it imports). A name
+// TVM keeps for its own symbols is refused with ErrReservedName, and one whose
+// symbol is data with ErrNotCode.
 func (m *Module) Func(name string) (*Func, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
