@@ -70,6 +70,8 @@ func describe(err error) string {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return "the library file does not exist"
+	case errors.Is(err, dsoop.ErrReservedName):
+		return "the name is reserved for TVM's own symbols, not a function of the library: refusing to look it up"
 	case errors.Is(err, dsoop.ErrNotCode):
 		return "the library's symbol of that name is data, not a function: refusing to call it"
 	case errors.As(err, &notFound) && notFound.Available != nil:
@@ -121,7 +123,8 @@ func statusCode(err error) int {
 	switch {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, dsoop.ErrFunctionNotFound):
 		return codeNotFound
-	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
+	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrRuntimeVersion),
+		errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
 		errors.Is(err, dsoop.ErrCUDASourceNotCompiled):
 		return codeFailedPrecondition
 	case errors.Is(err, dsoop.ErrDigestMismatch), errors.Is(err, dsoop.ErrNotAllowed):
