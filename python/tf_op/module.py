@@ -157,8 +157,21 @@ class Module(tf.Module):
         return f"tf_op.Module({self.lib_path!r})"
 
 
-#: The name TVM's ``tvm.contrib.tf_op`` gave the same class.
-OpModule = Module
+class OpModule(Module):
+    """``tvm.contrib.tf_op.OpModule``'s interface, for code written against it.
+
+    Its ``func`` takes the dtype first and makes float32 outputs unless told
+    otherwise, as the old one did (``func(name, output_dtype=None,
+    output_shape=None)``); ``Module.func`` takes the shape first and defaults the
+    dtype to the first input's. Everything else is ``Module``'s."""
+
+    def func(  # type: ignore[override]
+        self, name: str, output_dtype: DTypeLike = None, output_shape: ShapeLike = None, **options: Any
+    ) -> Func:
+        """The function ``name``; ``options`` are ``Module.func``'s keywords."""
+        return super().func(
+            name, output_shape=output_shape, output_dtype=tf.float32 if output_dtype is None else output_dtype, **options
+        )
 
 
 #: The largest size of a dimension: TF's shapes hold int64.

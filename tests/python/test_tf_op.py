@@ -25,10 +25,33 @@ def test_add_one_symbolic_length_eager(mod: tf_op.Module) -> None:
         np.testing.assert_array_equal(y.numpy(), x + 1)
 
 
-def test_getitem_and_opmodule_alias(mod: tf_op.Module) -> None:
-    assert tf_op.OpModule is tf_op.Module
-    y = tf_op.OpModule(mod.lib_path)["add_one"](tf.constant([1.0, 2.0]))
+def test_getitem(mod: tf_op.Module) -> None:
+    y = mod["add_one"](tf.constant([1.0, 2.0]))
     np.testing.assert_array_equal(y.numpy(), [2.0, 3.0])
+
+
+def test_opmodule_takes_the_old_argument_order(mod: tf_op.Module) -> None:
+    """tvm.contrib.tf_op.OpModule.func(name, output_dtype=None, output_shape=None):
+    the dtype first, float32 by default; old positional calls work as they did."""
+    old = tf_op.OpModule(mod.lib_path)
+    x = tf.constant([1.0, 2.0])
+    cases = [
+        old["add_one"],
+        old.func("add_one"),
+        old.func("add_one", "float"),
+        old.func("add_one", "float32", [2]),
+        old.func("add_one", tf.float32, tf.constant([2], tf.int64)),
+        old.func("add_one", output_shape=[tf.constant(2)]),
+    ]
+    for fn in cases:
+        y = fn(x)
+        assert y.dtype == tf.float32
+        np.testing.assert_array_equal(y.numpy(), [2.0, 3.0])
+    # The old default is float32, not the input's dtype: a float64 function needs it said.
+    inc = old.func("inc_float64", "float64")
+    np.testing.assert_array_equal(inc(tf.constant([1.0], tf.float64)).numpy(), [2.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="inc_float64"):
+        old.func("inc_float64")(tf.constant([1.0], tf.float64))
 
 
 def test_tf_function_with_unknown_length(mod: tf_op.Module) -> None:
