@@ -12,9 +12,18 @@ import tensorflow as tf
 
 import tf_op
 
-pytestmark = pytest.mark.skipif(
-    not tf.config.list_physical_devices("GPU"), reason="needs a GPU build of TensorFlow and a GPU"
-)
+def _why_no_gpu() -> str | None:
+    """Why these tests cannot run here, or None when they can. pytest.ini's -rs
+    lists the reason in every run's summary: with the pinned tensorflow-cpu they
+    never run, and the summary says so."""
+    if not tf.test.is_built_with_cuda():
+        return f"TensorFlow {tf.__version__} here is a CPU-only build: needs a CUDA build of TensorFlow and a GPU (docs/gpu.md)"
+    if not tf.config.list_physical_devices("GPU"):
+        return "TensorFlow sees no GPU on this machine (docs/gpu.md)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_no_gpu() is not None, reason=str(_why_no_gpu()))
 
 #: TVM's add_one for CUDA, built by `make build` (tests/gpu/tvm_add_one.py).
 TVM_ADD_ONE = Path(__file__).resolve().parents[2] / "build" / "gpu" / "tvm_add_one.so"

@@ -65,12 +65,14 @@ def test_multiprocessing_fork_never_harms_the_parent(tmp_path, testlib: str) -> 
     child that does answer answers right."""
     first, child, last = run_child(tmp_path, testlib, "fork")
     assert first == "[1.0]" and last == "[2.0]"
-    if child.startswith("child 0 "):
-        assert child == "child 0 [11.0, 22.0]"
+    # The child either answers right, or fails visibly (a non-zero exit or a
+    # signal, which the parent sees); never a wrong answer or a silent success.
+    _, code, answer = child.split(" ", 2)
+    assert (code, answer) == ("0", "[11.0, 22.0]") or (code != "0" and answer == "None"), child
 
 
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs a machine with no GPU visible to TF")
 def test_strict_placement_on_a_missing_device(testlib: str) -> None:
-    assert not tf.config.list_physical_devices("GPU")
     fn = tf_op.Module(testlib).func("add_one", device="/GPU:0")
     soft = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(False)
