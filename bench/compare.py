@@ -447,7 +447,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("comparison", choices=sorted(COMPARISONS))
     parser.add_argument(
-        "lib", type=Path, help="the add-one library (bench/build_module.py); for model, the models folder"
+        "lib", type=Path, help="the add-one library (examples/build_add_one.py); for model, the models folder"
     )
     parser.add_argument("out", type=Path, help="where to write the JSON figures")
     parser.add_argument("--rounds", type=int, default=11)

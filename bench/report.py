@@ -274,7 +274,7 @@ make bench                      # builds the op library first; {_f(r.get("bench_
 ```
 
 It compiles the add-one function once with TVM in its own process
-(`bench/build_module.py`, into `build/bench/add_one.so`: TVM's compiler and its LLVM
+(the demo's `examples/build_add_one.py`, into `build/bench/add_one.so`: TVM's compiler and its LLVM
 never enter a TensorFlow process), runs each comparison in one fresh process
 (`bench/compare.py`), measures memory in fresh processes (`bench/memory.py`), and
 writes `build/bench/results.json` (flat: every key below, the per-size details, the

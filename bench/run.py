@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--quick] [--rounds N] [--report-only]
 
-Builds the add-one TVM module once (bench/build_module.py, in its own process)
+Builds the add-one TVM module once (examples/build_add_one.py, in its own process)
 and the demo's Keras CNN as Relax VM libraries (tests/modules/keras_cnn.py with
 TensorFlow, then tests/modules/build_models.py with TVM, each in its own
 process), runs each comparison in one fresh process (bench/compare.py:
@@ -66,12 +66,17 @@ def _run(args: list[str], what: str, timeout: float) -> subprocess.CompletedProc
 
 
 def build_module() -> Path:
-    """Compiles add_one with TVM in a child process, unless it is up to date."""
-    script = BENCH_DIR / "build_module.py"
+    """Compiles the demo's add_one (examples/build_add_one.py) with TVM in a child
+    process, unless it is up to date; written aside and renamed, so a half-written
+    library is never picked up."""
+    script = ROOT / "examples" / "build_add_one.py"
     if LIBRARY.is_file() and LIBRARY.stat().st_mtime >= script.stat().st_mtime:
         print(f"  add-one module: {LIBRARY.relative_to(ROOT)} (up to date)")
         return LIBRARY
-    _run([str(script), str(LIBRARY)], f"TVM build of {LIBRARY.relative_to(ROOT)}", timeout=300)
+    LIBRARY.parent.mkdir(parents=True, exist_ok=True)
+    partial = LIBRARY.with_name(LIBRARY.name + ".partial.so")
+    _run([str(script), str(partial)], f"TVM build of {LIBRARY.relative_to(ROOT)}", timeout=300)
+    partial.replace(LIBRARY)
     return LIBRARY
 
 

@@ -102,9 +102,9 @@ class Module(tf.Module):
 
         TF1 graphs (no eager context, no function being traced) cannot capture
         the asset's eager tensor; they get the path as a constant."""
-        if tf.executing_eagerly() or tf.compat.v1.get_default_graph().building_function:
-            return self._library.asset_path
-        return tf.constant(self.lib_path)
+        if _in_tf1_graph():
+            return tf.constant(self.lib_path)
+        return self._library.asset_path
 
     def func(
         self,
@@ -300,12 +300,18 @@ def _no_dims() -> tf.Tensor:
     shared by eager calls and captured by traced functions; TF1 graphs, which
     cannot capture eager tensors, get their own constant."""
     global _NO_DIMS
-    if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
+    if _in_tf1_graph():
         return tf.zeros([0], tf.int64)
     if _NO_DIMS is None:
         with tf.init_scope():
             _NO_DIMS = tf.zeros([0], tf.int64)
     return _NO_DIMS
+
+
+def _in_tf1_graph() -> bool:
+    """Building a TF1 graph (no eager context, no function being traced): such
+    graphs cannot capture eager tensors and get constants of their own."""
+    return not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function
 
 
 def _file_sha256(path: str) -> str:
