@@ -19,14 +19,13 @@
 #include "dsoop/dsoop.h"
 #include "dsoop/vm.h"
 #include "kernels/target.h"
+#include "kernels/tf_compat.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "xla/stream_executor/device_address.h"
 #include "xla/stream_executor/stream.h"
-#include "xla/stream_executor/stream_executor.h"
 #include "_cgo_export.h"
 
 namespace tvmdsoop {
@@ -164,7 +163,14 @@ class GpuPlacement {
       // TVM would fall back to the legacy default stream: the race this kernel avoids.
       return errors::Internal("TVMDSOOp: TensorFlow's GPU stream has no CUDA stream handle");
     }
-    device_id_ = stream_->parent()->device_ordinal();
+    // The CUDA ordinal of TF's device: its platform device id, by which TF numbers
+    // the stream's executor too. (Read here rather than from the executor, whose
+    // header in the TF 2.19 wheel includes LLVM headers the wheel does not ship.)
+    const auto* info = ctx->device()->tensorflow_accelerator_device_info();
+    if (info == nullptr) {
+      return errors::Internal("TVMDSOOp: the GPU kernel's device has no accelerator info");
+    }
+    device_id_ = info->gpu_id;
     return Status();
   }
 
@@ -181,16 +187,15 @@ class GpuPlacement {
   }
 
   Status Copy(char* dst, const char* src, size_t size) {
-    stream_executor::DeviceAddressBase to(dst, size);
-    return stream_->MemcpyD2D(&to, stream_executor::DeviceAddressBase(const_cast<char*>(src), size),
-                              size);
+    tf_compat::DeviceAddress to(dst, size);
+    return stream_->MemcpyD2D(&to, tf_compat::DeviceAddress(const_cast<char*>(src), size), size);
   }
 
   // Host memory a returned tensor lives in (a model's shape outputs, say), copied
   // to the device. The host side is TVM's and is freed when the caller drops it,
   // so the copy is waited for.
   Status CopyFromHost(char* dst, const char* src, size_t size) {
-    stream_executor::DeviceAddressBase to(dst, size);
+    tf_compat::DeviceAddress to(dst, size);
     TF_RETURN_IF_ERROR(stream_->Memcpy(&to, src, size));
     return stream_->BlockHostUntilDone();
   }
