@@ -1,7 +1,10 @@
 """Shared fixtures: the TVM test library, built once per session.
 
 The library is compiled by tests/modules/build_modules.py in a subprocess, so
-TVM's compiler (and its LLVM) never shares a process with TensorFlow.
+TVM's compiler (and its LLVM) never shares a process with TensorFlow. That
+subprocess runs $TVMDSOOP_TVM_PYTHON, a Python with apache-tvm, when it is set
+(tests/tf_matrix.sh sets it: the venv of an older TensorFlow has no TVM), else
+the Python running the tests.
 """
 
 from __future__ import annotations
@@ -17,12 +20,24 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODULES_DIR = Path(__file__).resolve().parent.parent / "modules"
 
+#: The Python that runs the TVM builders (build_modules.py, build_models.py).
+TVM_PYTHON = os.environ.get("TVMDSOOP_TVM_PYTHON") or sys.executable
+
+# What the builders make links the runtime of the TVM that made it (a whole
+# model's VM lives in libtvm_runtime.so): when that TVM is another Python's, the
+# op finds its runtime libraries there, unless TVMDSOOP_LIBRARY_PATH says where.
+if TVM_PYTHON != sys.executable and not os.environ.get("TVMDSOOP_LIBRARY_PATH"):
+    os.environ["TVMDSOOP_LIBRARY_PATH"] = subprocess.run(
+        [TVM_PYTHON, str(MODULES_DIR.parent.parent / "python" / "tf_op" / "tvm_paths.py")],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+
 
 @pytest.fixture(scope="session")
 def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of the test libraries, built once per session."""
     out = tmp_path_factory.mktemp("tvm_modules")
-    subprocess.run([sys.executable, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
+    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
     return out
 
 
@@ -52,10 +67,12 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     keras_cnn.py (TensorFlow) writes the Keras CNN and its TFLite forms, then
     build_models.py (TVM) compiles them and the other models: two subprocesses,
-    so TVM's compiler never shares a process with TensorFlow."""
+    so TVM's compiler never shares a process with TensorFlow. keras_cnn.py runs
+    on the TensorFlow under test (the tests load its cnn.keras with that Keras),
+    build_models.py on TVM_PYTHON."""
     out = tmp_path_factory.mktemp("tvm_models")
     subprocess.run([sys.executable, str(MODULES_DIR / "keras_cnn.py"), str(out), "--batch", "1", "4"], check=True)
-    subprocess.run([sys.executable, str(MODULES_DIR / "build_models.py"), str(out)], check=True)
+    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_models.py"), str(out)], check=True)
     missing = [name for name in MODEL_FILES if not (out / name).is_file()]
     assert not missing, f"build_models.py did not write {missing}"
     return out
