@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
+import textwrap
 from pathlib import Path
 
 import ml_dtypes
@@ -13,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import buffer_address, run_in_threads
+from helpers import buffer_address, run_in_threads, run_python
 
 TVM_DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -385,6 +388,44 @@ def test_non_regular_file_is_refused_not_read(tmp_path) -> None:
         tf_op.Module(fifo).func("add_one")(tf.constant([1.0]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
         tf_op.Module("/dev/zero").func("add_one")(tf.constant([1.0]))
+
+
+CRASHING_LIBRARY = """
+#include <stdlib.h>
+__attribute__((constructor)) static void crash_while_loading(void) { abort(); }
+int __tvm_ffi_add_one(void) { return 0; }
+"""
+
+CALL_ADD_ONE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    import tf_op
+
+    try:
+        tf_op.Module(sys.argv[1], sha256="").func("add_one")(tf.constant([1.0]))
+    except tf.errors.OpError as e:
+        print(type(e).__name__, e.message)
+    """
+)
+
+
+def test_library_that_crashes_while_loading_is_refused(tmp_path) -> None:
+    """A library with no pinned digest (sha256="") is loaded by tvmdsoop-probe
+    first (found beside the op library, or named by TVMDSOOP_PROBE): one whose constructor
+    aborts is refused, and the process that asked lives on. The call runs in a
+    child, so that without the probe this test fails, not the session."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the crashing library (the op library's build needs one too)"
+    (tmp_path / "crash.c").write_text(CRASHING_LIBRARY)
+    lib = tmp_path / "crash.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "crash.c")], check=True)
+    done = run_python(CALL_ADD_ONE_SCRIPT, str(lib))
+    assert done.returncode == 0, (
+        f"the process died loading {lib} (exit {done.returncode}): no tvmdsoop-probe beside the op "
+        f"library?\n{done.stderr[-2000:]}"
+    )
+    assert "separate process failed: tvmdsoop-probe ended by aborted" in done.stdout, done.stdout
 
 
 def test_nul_bytes_are_refused(testlib: str, mod: tf_op.Module) -> None:
