@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One leg of the TensorFlow matrix: builds the op library against TensorFlow
+# VERSION and runs the core Python tests with it.
+#
+#   tests/tf_matrix.sh VERSION        (2.18, 2.19, 2.20 or 2.21)
+#
+# Everything of the leg is its own: the venv .venv-tfVERSION, made once from
+# requirements/tf-VERSION.txt, and the build folder build-tfVERSION, where
+# tvmdsoop-probe lies beside libtvm_dso_op.so (the op finds it there). That venv
+# has no TVM compiler: the test libraries are built by the project's .venv
+# (`make setup`), named to the tests by TVMDSOOP_TVM_PYTHON, whose TVM runtime
+# the op then loads (tests/python/conftest.py). TVM never enters the TF process.
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 VERSION   (a TensorFlow minor version with a requirements/tf-VERSION.txt:" \
+    "$(cd "$(dirname "$0")/../requirements" && ls tf-*.txt | sed 's/^tf-//; s/\.txt$//' | paste -sd ' '))" >&2
+  exit 2
+}
+[[ $# -eq 1 ]] || usage
+version=$1
+
+cd "$(dirname "$0")/.."  # the repository root
+[[ -f requirements/tf-$version.txt ]] || usage
+
+tvm_python=$PWD/.venv/bin/python
+if [[ ! -x $tvm_python ]]; then
+  echo "$0: $tvm_python is missing: the test libraries are built by the project's" \
+    ".venv (apache-tvm); run \`make setup\` first" >&2
+  exit 1
+fi
+
+venv=.venv-tf$version
+build=build-tf$version
+python=$PWD/$venv/bin/python
+
+echo "== TensorFlow $version: $venv"
+if [[ ! -x $python ]]; then
+  python3 -m venv "$venv"
+fi
+"$python" -m pip install --quiet --disable-pip-version-check -r "requirements/tf-$version.txt"
+
+echo "== TensorFlow $version: $build"
+cmake -S . -B "$build" -G Ninja -DPython3_EXECUTABLE="$python"
+cmake --build "$build" --target tvm_dso_op tvmdsoop-probe
+
+echo "== TensorFlow $version: tests"
+# The op finds its probe beside itself and the TVM runtime from the TVM Python:
+# what the environment says otherwise would hide those defaults.
+unset TVMDSOOP_PROBE TVMDSOOP_LIBRARY_PATH
+PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} \
+TVMDSOOP_LIBRARY=$PWD/$build/libtvm_dso_op.so \
+TVMDSOOP_TVM_PYTHON=$tvm_python \
+  "$python" -m pytest -q \
+    tests/python/test_tf_op.py tests/python/test_semantics.py tests/python/test_models.py \
+    tests/python/test_properties.py tests/python/test_process.py
