@@ -143,17 +143,3 @@ func (f *Func) Close() error {
 	f.ref.close()
 	return nil
 }
-
-// RetainNative writes a new reference to the function into dst, which must point
-// to a DsoopFunction (dsoop.h). The holder owns it and releases it with
-// dsoop_object_release(dst->handle). This is how the TensorFlow kernels get a
-// function they call from C with no Go on the path.
-func (f *Func) RetainNative(dst unsafe.Pointer) error {
-	f.ref.mu.RLock()
-	defer f.ref.mu.RUnlock()
-	if f.ref.closed {
-		return ErrClosed
-	}
-	C.dsoop_function_retain(&f.ref.fn, (*C.DsoopFunction)(dst))
-	return nil
-}

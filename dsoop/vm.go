@@ -85,7 +85,7 @@ func (e *FunctionNotFoundError) Is(target error) bool { return target == ErrFunc
 
 // vmPool is one C pool of VM instances of a module's executable on one device.
 // It is freed with its last reference: the module entry's, and each VMFunc's.
-// References given to C holders (RetainNative) are never returned.
+// References given to C holders (native.RetainVMFunc) are never returned.
 type vmPool struct {
 	ptr  *C.DsoopVMPool
 	refs int // guarded by poolsMu
@@ -448,21 +448,6 @@ func viewOf(d *C.DLTensor) *dlpack.Tensor {
 		}
 	}
 	return t
-}
-
-// RetainNative gives a C holder (the TF kernels) the function as its pool and
-// index in it, with a reference to the pool that is never returned: the pool
-// then lives as long as the process.
-func (f *VMFunc) RetainNative() (pool unsafe.Pointer, index int32, err error) {
-	f.ref.mu.RLock()
-	defer f.ref.mu.RUnlock()
-	if f.ref.closed {
-		return nil, 0, ErrClosed
-	}
-	poolsMu.Lock()
-	f.ref.pool.refs++
-	poolsMu.Unlock()
-	return unsafe.Pointer(f.ref.pool.ptr), int32(f.ref.index), nil
 }
 
 // Close releases the function. Calls after Close fail; Close is idempotent.

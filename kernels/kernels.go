@@ -24,6 +24,7 @@ import (
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/native"
 )
 
 // TensorFlow status codes (absl::StatusCode) the resolution errors map to.
@@ -102,7 +103,7 @@ func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels
 		}
 		// The kernel takes its own reference to the pool; this VMFunc is not needed past here.
 		defer fn.Close()
-		pool, index, err := fn.RetainNative()
+		pool, index, err := native.RetainVMFunc(fn)
 		if err != nil {
 			return err
 		}
@@ -116,7 +117,7 @@ func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels
 		return err
 	}
 	defer fn.Close()
-	return fn.RetainNative(unsafe.Pointer(&out.fn))
+	return native.RetainFunc(fn, unsafe.Pointer(&out.fn))
 }
 
 func statusCode(err error) int {

@@ -43,12 +43,13 @@ import (
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/native"
 )
 
 // Loop calls f(x, y) iters times from C, on float32 vectors of n elements.
 func Loop(f *dsoop.Func, n, iters int64) error {
 	var fn C.DsoopFunction
-	if err := f.RetainNative(unsafe.Pointer(&fn)); err != nil {
+	if err := native.RetainFunc(f, unsafe.Pointer(&fn)); err != nil {
 		return err
 	}
 	defer C.dsoop_object_release(fn.handle)
