@@ -152,6 +152,15 @@ fail:
   return -1;
 }
 
+int dsoop_global_exists(const char* name, DsoopError* err) {
+  TVMFFIByteArray bytes = {name, strlen(name)};
+  TVMFFIObjectHandle fn = NULL;
+  if (api.function_get_global(&bytes, &fn) != 0) return take_raised_error(err);
+  if (fn == NULL) return 0;
+  api.object_dec_ref(fn);
+  return 1;
+}
+
 const char* dsoop_own_file(void) {
   Dl_info info;
   if (dladdr((void*)dsoop_own_file, &info) == 0 || info.dli_fname == NULL) return "";

@@ -51,6 +51,11 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
 // the executable), for finding programs installed beside it; "" if unknown.
 const char* dsoop_own_file(void);
 
+// Whether the runtime has a global function of that name (a loader a device
+// runtime registers, a callback TVM's Python package registers): 1 yes, 0 no,
+// -1 on error.
+int dsoop_global_exists(const char* name, DsoopError* err);
+
 // Opens a library that extends the runtime by registering functions when loaded
 // (TVM's device runtimes, libtvm_runtime_cuda.so) or that one of those needs. Opened
 // RTLD_LOCAL, as TVM's Python package does: its symbols stay private to it.

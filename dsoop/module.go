@@ -1,17 +1,9 @@
 package dsoop
 
 /*
-#include <dlfcn.h>
 #include <stdlib.h>
 #include "dsoop.h"
 #include "vm.h"
-
-// Keeps a library mapped across load attempts (with TVM's own dlopen flags): a
-// failed attempt must not unload it, or its static initialisers would run again.
-static void* dsoop_library_hold(const char* path) { return dlopen(path, RTLD_LAZY | RTLD_LOCAL); }
-static void dsoop_library_release(void* handle) {
-  if (handle != NULL) dlclose(handle);
-}
 */
 import "C"
 
@@ -149,7 +141,7 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 			return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 		}
 	}
-	handle, err := loadModule(sealed.loadPath())
+	handle, err := loadModule(sealed)
 	if err != nil {
 		sealed.close()
 		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
@@ -183,28 +175,42 @@ func sameFile(a, b os.FileInfo) bool {
 	return !aok || !bok || (as.Dev == bs.Dev && as.Ino == bs.Ino)
 }
 
-// loadModule loads the library through TVM's loader. A library holding CUDA code
-// that no loaded runtime can load is tried again once TVM's CUDA runtime is open.
-func loadModule(path string) (C.TVMFFIObjectHandle, error) {
-	cpath := C.CString(path)
+// loadModule loads the sealed library through TVM's loader. CUDA code in it
+// needs TVM's CUDA runtime, which registers the loader of such code: it is opened
+// first when no loader is registered yet.
+func loadModule(s *sealedLibrary) (C.TVMFFIObjectHandle, error) {
+	cuda, holdsCUDA := s.embeds(cudaKind)
+	var cudaErr error
+	if holdsCUDA && !hasGlobal(cudaLoaderName) {
+		cudaErr = loadCUDARuntime()
+	}
+	cpath := C.CString(s.loadPath())
 	defer C.free(unsafe.Pointer(cpath))
-	defer C.dsoop_library_release(C.dsoop_library_hold(cpath)) // NULL if not a library: TVM says why
 	var handle C.TVMFFIObjectHandle
 	var cerr C.DsoopError
 	if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
 		return handle, nil
 	}
-	err := takeError(&cerr)
-	if needsCUDARuntime(err) {
-		if cudaErr := loadCUDARuntime(); cudaErr != nil {
-			return nil, fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
-		}
-		if C.dsoop_module_load(cpath, &handle, &cerr) == 0 {
-			return handle, nil
-		}
-		err = takeError(&cerr)
+	return nil, explainLoadFailure(takeError(&cerr), cuda, cudaErr, hasGlobal)
+}
+
+// explainLoadFailure says what stopped TVM's loader when a library holds CUDA
+// code (cuda is its embedded module; none for other libraries), from what the
+// library holds and which steps before the load failed, never from TVM's
+// wording: TVM's CUDA runtime did not open (cudaErr), or the code is CUDA source
+// and nothing in the process compiles it (exists tells the runtime's global
+// functions). Other failures pass unchanged.
+func explainLoadFailure(err *Error, cuda embeddedModule, cudaErr error, exists func(name string) bool) error {
+	switch {
+	case cuda.kind == "":
+		return err
+	case cudaErr != nil:
+		return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
+	case cuda.format == cudaSourceFormat && !exists(cudaCompileCallback):
+		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
+	default:
+		return err
 	}
-	return nil, explainCUDASource(err)
 }
 
 // Path is the absolute path the module was loaded from.

@@ -179,19 +179,19 @@ func loadExtension(path string) error {
 	return nil
 }
 
-// needsCUDARuntime tells a library whose CUDA code found no loader: TVM's CUDA
-// runtime registers it.
-func needsCUDARuntime(err *Error) bool {
-	return strings.Contains(err.Message, "load_from_bytes.cuda")
-}
-
-// explainCUDASource says what a library carrying uncompiled CUDA source is, and
-// what to do; other errors pass unchanged.
-func explainCUDASource(err *Error) error {
-	if strings.Contains(err.Message, "tvm_callback_cuda_compile") {
-		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
+// hasGlobal reports whether the runtime has a global function of that name. A
+// failure to ask counts as no: the answer only decides whether TVM's CUDA
+// runtime is opened (once per process at most) and how a failed load is
+// explained.
+func hasGlobal(name string) bool {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var cerr C.DsoopError
+	exists := C.dsoop_global_exists(cname, &cerr)
+	if exists < 0 {
+		C.dsoop_error_clear(&cerr)
 	}
-	return err
+	return exists == 1
 }
 
 // libraries are the runtime libraries found on the search path; an empty name

@@ -33,6 +33,10 @@ type sealedLibrary struct {
 	size    int64
 	digest  string          // hex SHA-256 of the bytes
 	notCode map[string]bool // names whose __tvm_ffi_<name> symbol is not a function
+	// embedded are the modules the library carries for TVM's loader to rebuild,
+	// as far as they could be read: what the loader will need (TVM's CUDA
+	// runtime, for CUDA code), and why it failed when it does.
+	embedded []embeddedModule
 }
 
 // Linux constants for memfd_create(2) and fcntl(2) seals.
@@ -89,9 +93,9 @@ func (s *sealedLibrary) close() { s.file.Close() }
 var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
 
 // check refuses what the loader must not see (ErrNotALibrary), read with Go's
-// ELF reader, which never runs anything, and lists the __tvm_ffi_ symbols that
-// are data. The loader's own checks come after; a corrupted relocation or
-// constructor passes these.
+// ELF reader, which never runs anything, lists the __tvm_ffi_ symbols that are
+// data, and reads which modules the library embeds. The loader's own checks come
+// after; a corrupted relocation or constructor passes these.
 func (s *sealedLibrary) check() (err error) {
 	defer func() {
 		if r := recover(); r != nil { // a malformed file must not take the process down
@@ -132,5 +136,18 @@ func (s *sealedLibrary) check() (err error) {
 			s.notCode[name] = true
 		}
 	}
+	// Unreadable serialized modules are no reason to refuse the library here:
+	// TVM's loader reads them too, and says what is wrong with them.
+	s.embedded, _ = readEmbeddedModules(f, symbols)
 	return nil
+}
+
+// embeds returns the library's embedded module of that kind, if it has one.
+func (s *sealedLibrary) embeds(kind string) (embeddedModule, bool) {
+	for _, m := range s.embedded {
+		if m.kind == kind {
+			return m, true
+		}
+	}
+	return embeddedModule{}, false
 }

@@ -1,0 +1,136 @@
+package dsoop
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// libraryBin writes serialized modules as TVM does (see readEmbeddedModules):
+// parts are u64s, and strings as strs.
+func libraryBin(parts ...any) []byte {
+	var body bytes.Buffer
+	for _, p := range parts {
+		switch v := p.(type) {
+		case uint64:
+			binary.Write(&body, binary.LittleEndian, v)
+		case string:
+			binary.Write(&body, binary.LittleEndian, uint64(len(v)))
+			body.WriteString(v)
+		}
+	}
+	var bin bytes.Buffer
+	binary.Write(&bin, binary.LittleEndian, uint64(body.Len()))
+	bin.Write(body.Bytes())
+	return bin.Bytes()
+}
+
+// cudaBytes is a CUDA module's bytes: its format, then what TVM writes after it.
+func cudaBytes(format string) string {
+	return string(libraryBin(format)[8:]) + "function info and code"
+}
+
+func TestParseEmbeddedModules(t *testing.T) {
+	// An import tree of the library and n modules it imports: indptr, child indices.
+	tree := func(n uint64) []any {
+		parts := []any{n + 2, uint64(0)}
+		for i := uint64(0); i <= n; i++ {
+			parts = append(parts, n)
+		}
+		parts = append(parts, n)
+		for i := uint64(1); i <= n; i++ {
+			parts = append(parts, i)
+		}
+		return parts
+	}
+	with := func(parts ...[]any) []any {
+		var all []any
+		for _, p := range parts {
+			all = append(all, p...)
+		}
+		return all
+	}
+	tests := []struct {
+		name    string
+		bin     []byte
+		want    []embeddedModule
+		wantErr bool
+	}{
+		{"the library alone", libraryBin(with(tree(0), []any{"_lib"})...), nil, false},
+		{"CUDA source", libraryBin(with(tree(1), []any{"_lib", cudaKind, cudaBytes("cuda")})...),
+			[]embeddedModule{{kind: "cuda", format: "cuda"}}, false},
+		{"compiled CUDA and a VM executable", libraryBin(with(tree(2), []any{"_lib", cudaKind, cudaBytes("fatbin"), "relax.VMExecutable", "constants"})...),
+			[]embeddedModule{{kind: "cuda", format: "fatbin"}, {kind: "relax.VMExecutable"}}, false},
+		{"empty", nil, nil, true},
+		{"a module's bytes past the end", libraryBin(with(tree(1), []any{"_lib", "relax.VMExecutable", uint64(1 << 40)})...), nil, true},
+		{"a kind past the end", libraryBin(with(tree(1), []any{"_lib", uint64(3), "ab"})...), nil, true},
+		{"a kind of a megabyte", libraryBin(with(tree(1), []any{"_lib", uint64(1 << 20)})...), nil, true},
+		{"a CUDA format longer than its module", libraryBin(with(tree(1), []any{"_lib", cudaKind, uint64(4), "cuda"})...), nil, true},
+		{"no import tree", libraryBin(uint64(0)), nil, true},
+		{"an import tree of 2^64 entries", libraryBin(uint64(1<<64 - 1)), nil, true},
+		{"child indices of 2^61 entries", libraryBin(uint64(2), uint64(0), uint64(0), uint64(1<<61)), nil, true},
+		{"a length of 2^64-1", binary.LittleEndian.AppendUint64(nil, 1<<64-1), nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseEmbeddedModules(bytes.NewReader(tc.bin))
+			if tc.wantErr {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// FuzzParseEmbeddedModules: whatever a library's serialized modules hold, the
+// reader answers, without panicking or allocating what a length claims.
+func FuzzParseEmbeddedModules(f *testing.F) {
+	f.Add(libraryBin(uint64(2), uint64(0), uint64(0), uint64(1), uint64(0), "_lib"))
+	f.Add(libraryBin(uint64(3), uint64(0), uint64(1), uint64(1), uint64(1), uint64(1), "_lib", cudaKind, cudaBytes("cuda")))
+	f.Fuzz(func(t *testing.T, bin []byte) {
+		_, _ = parseEmbeddedModules(bytes.NewReader(bin)) // any answer will do
+	})
+}
+
+// TestExplainLoadFailure: why a library holding CUDA code did not load is told
+// by what it holds and by what failed before the load, whatever TVM's words.
+func TestExplainLoadFailure(t *testing.T) {
+	tvmErr := &Error{Kind: "RuntimeError", Message: "any wording"}
+	cudaRuntimeErr := errors.New("cannot open libtvm_runtime_cuda.so: libcuda.so.1")
+	none := func(string) bool { return false }
+	compiler := func(name string) bool { return name == cudaCompileCallback }
+	tests := []struct {
+		name     string
+		cuda     embeddedModule
+		cudaErr  error
+		exists   func(string) bool
+		want     error // besides tvmErr
+		contains string
+	}{
+		{"no CUDA code", embeddedModule{}, nil, none, nil, ""},
+		{"the CUDA runtime did not open", embeddedModule{kind: cudaKind, format: "fatbin"}, cudaRuntimeErr, none,
+			ErrCUDARuntimeNotLoaded, "the library holds CUDA code, and TVM's CUDA runtime did not load: cannot open libtvm_runtime_cuda.so: libcuda.so.1"},
+		{"CUDA source, no compiler", embeddedModule{kind: cudaKind, format: cudaSourceFormat}, nil, none,
+			ErrCUDASourceNotCompiled, "compile it with TVM where a CUDA driver is"},
+		{"CUDA source, a compiler registered", embeddedModule{kind: cudaKind, format: cudaSourceFormat}, nil, compiler, nil, ""},
+		{"compiled CUDA code", embeddedModule{kind: cudaKind, format: "fatbin"}, nil, none, nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := explainLoadFailure(tvmErr, tc.cuda, tc.cudaErr, tc.exists)
+			require.ErrorIs(t, err, tvmErr)
+			if tc.want == nil {
+				assert.Equal(t, error(tvmErr), err, "passed unchanged")
+				return
+			}
+			assert.ErrorIs(t, err, tc.want)
+			assert.Contains(t, err.Error(), tc.contains)
+		})
+	}
+}

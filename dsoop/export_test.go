@@ -1,0 +1,25 @@
+package dsoop
+
+import "fmt"
+
+// What the tests of package dsoop_test, which build the test libraries, look at
+// inside.
+
+// EmbeddedModules lists the modules the library at path embeds for TVM's
+// loader: their kinds, and for CUDA code its format after a colon.
+func EmbeddedModules(path string) ([]string, error) {
+	s, err := sealLibrary(path)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	var modules []string
+	for _, m := range s.embedded {
+		if m.format != "" {
+			modules = append(modules, fmt.Sprintf("%s:%s", m.kind, m.format))
+		} else {
+			modules = append(modules, m.kind)
+		}
+	}
+	return modules, nil
+}
