@@ -21,8 +21,8 @@ static struct {
   int (*env_set_stream)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
   int (*tensor_from_dlpack)(DLManagedTensor*, int32_t, int32_t, TVMFFIObjectHandle*);
   int (*tensor_to_dlpack)(TVMFFIObjectHandle, DLManagedTensor**);
-  TVMFFIObjectHandle load_shared_library;    // ffi.Module.load_from_file.so
-  TVMFFIObjectHandle module_get_function;    // ffi.ModuleGetFunction
+  DsoopFunction load_shared_library;  // ffi.Module.load_from_file.so
+  DsoopFunction module_get_function;  // ffi.ModuleGetFunction
 } api;
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -70,12 +70,18 @@ static int take_raised_error(DsoopError* err) {
   return -1;
 }
 
-static int get_global(const char* name, TVMFFIObjectHandle* out, DsoopError* err) {
+// The call pointer of a function object, from its cell.
+static TVMFFISafeCallType safe_call_of(TVMFFIObjectHandle fn) {
+  return ((const TVMFFIFunctionCell*)object_cell(fn))->safe_call;
+}
+
+static int get_global(const char* name, DsoopFunction* out, DsoopError* err) {
   TVMFFIByteArray bytes = {name, strlen(name)};
-  if (api.function_get_global(&bytes, out) != 0) return take_raised_error(err);
-  if (*out == NULL) {
+  if (api.function_get_global(&bytes, &out->handle) != 0) return take_raised_error(err);
+  if (out->handle == NULL) {
     return dsoop_error_set(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
   }
+  out->safe_call = safe_call_of(out->handle);
   return 0;
 }
 
@@ -175,14 +181,15 @@ int dsoop_load_extension(const char* path, DsoopError* err) {
   return 0;
 }
 
-// Calls a function object through its cell's safe_call; the result is left in *result.
-static int call_raw(TVMFFIObjectHandle fn, const TVMFFIAny* args, int32_t n, TVMFFIAny* result,
-                    DsoopError* err) {
-  const TVMFFIFunctionCell* cell = (const TVMFFIFunctionCell*)object_cell(fn);
+// Every call of a TVM function goes through here: one indirect call of the
+// resolved pointer, with the result set to None first as the ABI asks, and left
+// in *result for the caller.
+static int call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t n, TVMFFIAny* result,
+                DsoopError* err) {
   result->type_index = kTVMFFINone;
   result->zero_padding = 0;
   result->v_int64 = 0;
-  if (cell->safe_call(fn, args, n, result) != 0) return take_raised_error(err);
+  if (fn->safe_call(fn->handle, args, n, result) != 0) return take_raised_error(err);
   return 0;
 }
 
@@ -199,7 +206,7 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
   args[1].type_index = kTVMFFIRawStr;
   args[1].v_c_str = "so";
   TVMFFIAny result;
-  if (call_raw(api.load_shared_library, args, 2, &result, err) != 0) return -1;
+  if (call(&api.load_shared_library, args, 2, &result, err) != 0) return -1;
   if (result.type_index != kTVMFFIModule) {
     release_any(&result);
     return dsoop_error_set(err, "TypeError", "loading %s did not give a module", path);
@@ -218,14 +225,14 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
   args[2].type_index = kTVMFFIBool;
   args[2].v_int64 = 1;  // query imports too
   TVMFFIAny result;
-  if (call_raw(api.module_get_function, args, 3, &result, err) != 0) return -1;
+  if (call(&api.module_get_function, args, 3, &result, err) != 0) return -1;
   if (result.type_index == kTVMFFINone) return 0;
   if (result.type_index != kTVMFFIFunction) {
     release_any(&result);
     return dsoop_error_set(err, "TypeError", "ffi.ModuleGetFunction(%s) did not return a function", name);
   }
   out->handle = result.v_obj;
-  out->safe_call = ((const TVMFFIFunctionCell*)object_cell(result.v_obj))->safe_call;
+  out->safe_call = safe_call_of(result.v_obj);
   return 1;
 }
 
@@ -245,10 +252,7 @@ void dsoop_object_release(TVMFFIObjectHandle obj) {
 int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
                         DsoopError* err) {
   TVMFFIAny result;
-  result.type_index = kTVMFFINone;
-  result.zero_padding = 0;
-  result.v_int64 = 0;
-  if (fn->safe_call(fn->handle, args, num_args, &result) != 0) return take_raised_error(err);
+  if (call(fn, args, num_args, &result, err) != 0) return -1;
   release_any(&result);
   return 0;
 }
@@ -263,7 +267,7 @@ static int call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args, int32_
   if (api.env_set_stream(device_type, device_id, stream, &previous) != 0) {
     return take_raised_error(err);
   }
-  const int rc = call_raw(fn->handle, args, num_args, result, err);
+  const int rc = call(fn, args, num_args, result, err);
   TVMFFIStreamHandle ignored = NULL;
   if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0) {
     if (rc == 0) {
@@ -292,7 +296,7 @@ int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args
 int dsoop_function_call_returning(const DsoopFunction* fn, const TVMFFIAny* args,
                                   int32_t num_args, int32_t device_type, int32_t device_id,
                                   void* stream, TVMFFIAny* result, DsoopError* err) {
-  if (device_type == kDLCPU) return call_raw(fn->handle, args, num_args, result, err);
+  if (device_type == kDLCPU) return call(fn, args, num_args, result, err);
   return call_on_stream(fn, args, num_args, device_type, device_id, stream, result, err);
 }
 
@@ -357,7 +361,7 @@ int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, in
                               DsoopValue* out, DsoopError* err) {
   TVMFFIAny result;
   memset(out, 0, sizeof(*out));
-  if (call_raw(fn->handle, args, num_args, &result, err) != 0) return -1;
+  if (call(fn, args, num_args, &result, err) != 0) return -1;
   int rc = 0;
   switch (result.type_index) {
     case kTVMFFINone:

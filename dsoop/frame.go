@@ -2,35 +2,7 @@ package dsoop
 
 /*
 #include <stdlib.h>
-#include "dsoop.h"
-
-enum { kDirectData = 4 };
-
-// Completes a frame and calls: Go passes the data pointers of the first tensors as
-// arguments (cgo keeps Go memory passed so valid during the call, with no pinning),
-// and they are written into the frame's DLTensors here, in C. After the call no
-// data pointer is left in the frame: cgo's rules let C keep none. mode: 0
-// discards the result, 1 converts it into *value, 2 calls with the stream set.
-static int dsoop_go_call(DsoopFunction fn, const TVMFFIAny* args, int32_t num_args,
-                         DLTensor* tensors, int32_t num_tensors, int32_t num_direct, void* d0,
-                         void* d1, void* d2, void* d3, int mode, int32_t device_type,
-                         int32_t device_id, void* stream, DsoopValue* value, DsoopError* err) {
-  void* data[kDirectData] = {d0, d1, d2, d3};
-  for (int32_t i = 0; i < num_direct; ++i) tensors[i].data = data[i];
-  int rc;
-  switch (mode) {
-    case 1:
-      rc = dsoop_function_call_value(&fn, args, num_args, value, err);
-      break;
-    case 2:
-      rc = dsoop_function_call_on_stream(&fn, args, num_args, device_type, device_id, stream, err);
-      break;
-    default:
-      rc = dsoop_function_call(&fn, args, num_args, err);
-  }
-  for (int32_t i = 0; i < num_tensors; ++i) tensors[i].data = NULL;
-  return rc;
-}
+#include "goapi.h"
 */
 import "C"
 
@@ -124,12 +96,12 @@ func (fr *frame) call(fn C.DsoopFunction, mode callMode) error {
 	}
 	var d [C.kDirectData]unsafe.Pointer
 	copy(d[:], fr.direct)
-	cMode := C.int(0)
+	cMode := C.int(C.kGoCallDiscard)
 	switch {
 	case mode.value != nil:
-		cMode = 1
+		cMode = C.kGoCallValue
 	case mode.onStream:
-		cMode = 2
+		cMode = C.kGoCallOnStream
 	}
 	if C.dsoop_go_call(fn, args, C.int32_t(len(fr.anys)), tensors, C.int32_t(len(fr.tensors)),
 		C.int32_t(len(fr.direct)), d[0], d[1], d[2], d[3], cMode, C.int32_t(mode.device.Type), C.int32_t(mode.device.ID),

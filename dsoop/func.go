@@ -3,7 +3,6 @@ package dsoop
 /*
 #include <stdlib.h>
 #include "dsoop.h"
-
 */
 import "C"
 

@@ -2,43 +2,8 @@ package dsoop
 
 /*
 #include <stdlib.h>
-#include <string.h>
+#include "goapi.h"
 #include "vm.h"
-
-// Frees a DLManagedTensor made by dsoop_go_managed: its shape and strides live
-// in the same block.
-static void dsoop_go_free_managed(DLManagedTensor* self) { free(self); }
-
-// A Tensor object over d's memory (no copy), with d's shape and strides copied
-// into the block of its DLManagedTensor, which TVM frees when it drops the last
-// reference. The data pointer comes as an integer: Go pinned it for as long as
-// the call's outputs live (VMFunc.Call).
-static int dsoop_go_tensor(const DLTensor* d, uintptr_t data, TVMFFIObjectHandle* out,
-                           DsoopError* err) {
-  const size_t dims = (size_t)d->ndim * (d->strides != NULL ? 2 : 1);
-  DLManagedTensor* m = (DLManagedTensor*)malloc(sizeof(DLManagedTensor) + dims * sizeof(int64_t));
-  if (m == NULL) return dsoop_error_set(err, "MemoryError", "out of memory for a tensor");
-  int64_t* shape = (int64_t*)(m + 1);
-  memcpy(shape, d->shape, (size_t)d->ndim * sizeof(int64_t));
-  m->dl_tensor = *d;
-  m->dl_tensor.data = (void*)data;
-  m->dl_tensor.shape = shape;
-  if (d->strides != NULL) {
-    memcpy(shape + d->ndim, d->strides, (size_t)d->ndim * sizeof(int64_t));
-    m->dl_tensor.strides = shape + d->ndim;
-  }
-  m->manager_ctx = NULL;
-  m->deleter = dsoop_go_free_managed;
-  if (dsoop_tensor_from_dlpack(m, out, err) != 0) {
-    free(m);
-    return -1;
-  }
-  return 0;
-}
-
-static void dsoop_go_delete_managed(DLManagedTensor* m) {
-  if (m != NULL && m->deleter != NULL) m->deleter(m);
-}
 */
 import "C"
 

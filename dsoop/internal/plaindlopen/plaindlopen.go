@@ -5,16 +5,8 @@ package plaindlopen
 
 /*
 #cgo LDFLAGS: -ldl
-#include <dlfcn.h>
 #include <stdlib.h>
-
-// TVM's loader's flags. Returns NULL, or the loader's message.
-static const char* open_close(const char* path) {
-  void* handle = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-  if (handle == NULL) return dlerror();
-  dlclose(handle);
-  return NULL;
-}
+#include "plaindlopen.h"
 */
 import "C"
 
@@ -29,7 +21,7 @@ import (
 func OpenClose(path string) error {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	if msg := C.open_close(cpath); msg != nil {
+	if msg := C.plaindlopen_open_close(cpath); msg != nil {
 		return errors.New(C.GoString(msg))
 	}
 	return nil
