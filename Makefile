@@ -5,6 +5,8 @@
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
 # make fuzz         longer fuzzing: the checks before loading, the Go argument frames
+# make test-matrix  the core tests on TensorFlow 2.18-2.21, each in its own venv and build
+# make test-tf VERSION=2.20   one of them
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -13,7 +15,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-go test-python test-gpu go-examples run-go-examples demo bench fuzz run-fuzz clean
+.PHONY: all setup build test test-tf test-matrix test-go test-python test-gpu go-examples run-go-examples demo bench fuzz run-fuzz clean
 
 all: build
 
@@ -61,6 +63,15 @@ run-go-examples:
 test-python:
 	$(PYTHON) -m pytest -q tests/python
 
+# Each TensorFlow in .venv-tf$(VERSION) and build-tf$(VERSION) (tests/tf_matrix.sh);
+# the test libraries are still compiled by the .venv's TVM.
+TF_VERSIONS := 2.18 2.19 2.20 2.21
+test-tf: setup
+	tests/tf_matrix.sh $(VERSION)
+
+test-matrix: setup
+	for v in $(TF_VERSIONS); do tests/tf_matrix.sh $$v || exit 1; done
+
 # Everything it runs is in build/gpu/, so a GPU machine without the .venv (or a
 # network) runs it from a build/gpu/ made elsewhere; it builds only when missing.
 GPU_HARNESS := $(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/slow_fill.so $(BUILD)/gpu/tvm_add_one.so $(BUILD)/gpu/results.json
@@ -90,6 +101,6 @@ bench: build
 	$(PYTHON) bench/run.py
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-tf*
 
 -include $(BUILD)/cgo.mk

@@ -14,6 +14,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The vendored DLPack header, by its path from this file: a quoted include looks
+// beside the including file before any -I folder, so no other dlpack/dlpack.h on
+// the include path can stand in for it (cgo puts CGO_CFLAGS, TensorFlow's include
+// folder say, before the #cgo folders). c_api.h's <dlpack/dlpack.h> then finds
+// the include guard set.
+#include "../dlpack/dlpack.h"
+
+// A copy included before this header has set the guard already and kept ours
+// out: refused here. The numbers are the vendored header's version; update them
+// with it.
+#if DLPACK_MAJOR_VERSION != 1 || DLPACK_MINOR_VERSION != 3
+#error "dsoop: a dlpack/dlpack.h other than the vendored one (DLPack 1.3) was included first"
+#endif
+
 #include <tvm/ffi/c_api.h>
 
 #ifdef __cplusplus
