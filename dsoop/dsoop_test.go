@@ -60,6 +60,28 @@ func mustTensor[T dlpack.Element](t testing.TB, data []T, shape ...int64) *dlpac
 	return tensor
 }
 
+// vector describes a slice as a 1-D tensor, which cannot fail: for goroutines
+// other than the test's, where mustTensor's FailNow would not stop the test.
+func vector[T dlpack.Element](data []T) *dlpack.Tensor {
+	t, err := dlpack.FromSlice(data)
+	if err != nil {
+		panic(err) // a 1-D shape of the slice's length always fits it
+	}
+	return t
+}
+
+// inParallel runs work(0) to work(n-1) on goroutines of their own and returns
+// their errors joined, for the test goroutine to assert on: FailNow works there only.
+func inParallel(n int, work func(g int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() { errs[g] = work(g) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 func openFunc(t *testing.T, name string) *dsoop.Func {
 	t.Helper()
 	return openFuncIn(t, testLib, name)
@@ -172,7 +194,7 @@ func TestErrors(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "notalib.so")
 		require.NoError(t, os.WriteFile(path, []byte("plain text"), 0o644))
 		_, err := dsoop.Open(path)
-		require.Error(t, err)
+		require.ErrorIs(t, err, dsoop.ErrNotALibrary)
 		assert.Contains(t, err.Error(), path)
 	})
 	t.Run("not a regular file", func(t *testing.T) {
@@ -358,58 +380,61 @@ func TestCallsUnderGC(t *testing.T) {
 			}
 		}
 	}()
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 600 {
-				n := 1 + (g+i)%17
-				out := make([]float32, n)
-				if err := addOne.Call(mustTensor(t, make([]float32, n)), mustTensor(t, out)); err != nil || out[n-1] != 1 {
-					t.Errorf("add_one: %v, %v", err, out)
-					return
-				}
-				xs := make([]any, 10)
-				for k := range 9 {
-					xs[k] = *mustTensor(t, []float32{1}) // by value
-				}
-				sum := make([]float32, 1)
-				xs[9] = mustTensor(t, sum)
-				if err := sum9.Call(xs...); err != nil || sum[0] != 45 {
-					t.Errorf("sum9: %v, %v", err, sum)
-					return
-				}
-				if got, err := greet.CallValue("gc"); err != nil || got != "hello, gc" {
-					t.Errorf("greet: %v, %v", err, got)
-					return
-				}
+	err := inParallel(8, func(g int) error {
+		for i := range 600 {
+			n := 1 + (g+i)%17
+			out := make([]float32, n)
+			if err := addOne.Call(vector(make([]float32, n)), vector(out)); err != nil || out[n-1] != 1 {
+				return fmt.Errorf("add_one: %v, %v", err, out)
 			}
-		})
-	}
-	wg.Wait()
+			xs := make([]any, 10)
+			for k := range 9 {
+				xs[k] = *vector([]float32{1}) // by value
+			}
+			sum := make([]float32, 1)
+			xs[9] = vector(sum)
+			if err := sum9.Call(xs...); err != nil || sum[0] != 45 {
+				return fmt.Errorf("sum9: %v, %v", err, sum)
+			}
+			if got, err := greet.CallValue("gc"); err != nil || got != "hello, gc" {
+				return fmt.Errorf("greet: %v, %v", err, got)
+			}
+		}
+		return nil
+	})
 	close(stop)
 	<-collector
+	require.NoError(t, err)
 }
 
 func TestBadArguments(t *testing.T) {
 	f := openFuncIn(t, ffiLib, "add_int")
 	tests := []struct {
-		name string
-		args []any
-		msg  string
+		name    string
+		args    []any
+		msg     string
+		tvmKind string // "" for arguments dsoop refuses before the call
 	}{
-		{"unsupported Go type", []any{struct{}{}, 1}, "argument 0 has type struct {}"},
-		{"uint64 overflow", []any{uint64(1 << 63), 1}, "argument 0 has type uint64"},
-		{"nil tensor", []any{(*dlpack.Tensor)(nil)}, "argument 0 is a nil tensor"},
+		{"unsupported Go type", []any{struct{}{}, 1}, "argument 0 has type struct {}", ""},
+		{"uint64 overflow", []any{uint64(1 << 63), 1}, "argument 0 has type uint64", ""},
+		{"nil tensor", []any{(*dlpack.Tensor)(nil)}, "argument 0 is a nil tensor", ""},
 		{"strides not matching the shape", []any{1, &dlpack.Tensor{DType: dlpack.Float32, Shape: []int64{2, 3}, Strides: []int64{3}}},
-			"argument 1 has 1 strides for 2 dimensions"},
-		{"wrong count", []any{int64(1)}, "add_int"},
-		{"wrong type for TVM", []any{"one", 2}, "add_int"},
+			"argument 1 has 1 strides for 2 dimensions", ""},
+		{"wrong count", []any{int64(1)}, "Expected 2 but got 1 arguments", "TypeError"},
+		{"wrong type for TVM", []any{"one", 2}, "Mismatched type on argument #0", "TypeError"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := f.CallValue(tc.args...)
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.msg)
+			require.ErrorContains(t, err, tc.msg)
+			assert.Contains(t, err.Error(), "dsoop: add_int in "+ffiLib, "the error names the function and library")
+			var tvmErr *dsoop.Error
+			if tc.tvmKind == "" {
+				assert.False(t, errors.As(err, &tvmErr), "refused before TVM saw it")
+				return
+			}
+			require.ErrorAs(t, err, &tvmErr)
+			assert.Equal(t, tc.tvmKind, tvmErr.Kind)
 		})
 	}
 }
@@ -432,7 +457,9 @@ func TestCallOnSetsAndRestoresTheStream(t *testing.T) {
 
 	out := make([]float32, 2)
 	err := openFuncIn(t, ffiLib, "raise_value_error").CallOn(cuda, fakeStream, mustTensor(t, out), mustTensor(t, out))
-	require.Error(t, err)
+	var tvmErr *dsoop.Error
+	require.ErrorAs(t, err, &tvmErr)
+	assert.Equal(t, "ValueError", tvmErr.Kind)
 	require.NoError(t, probe.Call(append([]any{seenTensor}, deviceArgs...)...))
 	assert.Equal(t, int64(0), seen[0], "restored after a failing call too")
 
@@ -473,31 +500,18 @@ func TestFunctionErrorsCarryTVMKind(t *testing.T) {
 
 func TestConcurrentCalls(t *testing.T) {
 	f := openFunc(t, "add_one")
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 200 {
-				in := []float32{float32(g), float32(i)}
-				out := make([]float32, 2)
-				if err := f.Call(mustTensor(t, in), mustTensor(t, out)); err != nil {
-					errs <- err
-					return
-				}
-				if out[0] != float32(g)+1 || out[1] != float32(i)+1 {
-					errs <- fmt.Errorf("goroutine %d call %d: got %v", g, i, out)
-					return
-				}
+	require.NoError(t, inParallel(16, func(g int) error {
+		for i := range 200 {
+			out := make([]float32, 2)
+			if err := f.Call(vector([]float32{float32(g), float32(i)}), vector(out)); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+			if out[0] != float32(g)+1 || out[1] != float32(i)+1 {
+				return fmt.Errorf("goroutine %d call %d: got %v", g, i, out)
+			}
+		}
+		return nil
+	}))
 }
 
 // TestDataSymbolIsNotAFunction: TVM's loader finds any __tvm_ffi_<name> symbol

@@ -3,7 +3,6 @@ package dsoop_test
 import (
 	"fmt"
 	"math"
-	"sync"
 	"testing"
 	"unsafe"
 
@@ -112,26 +111,26 @@ func TestVMMLPWithParamsAsInputsAtSeveralBatchSizes(t *testing.T) {
 
 func TestVMCallsFromManyGoroutines(t *testing.T) {
 	f := openModel(t, modelsDir+"/two_outputs.so", "main")
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 50 {
-				base := float32(g*1000 + i)
-				out, err := f.Call(mustTensor(t, []float32{base, base + 1, base + 2, base + 3}, 1, 4))
-				if err != nil {
-					t.Errorf("goroutine %d call %d: %v", g, i, err)
-					return
-				}
-				got := floats(t, out.Tensors[2])[0]
-				out.Close()
-				if want := 4*base + 6; got != want {
-					t.Errorf("goroutine %d call %d: sum %v, want %v", g, i, got, want)
-					return
-				}
+	require.NoError(t, inParallel(8, func(g int) error {
+		for i := range 50 {
+			base := float32(g*1000 + i)
+			x, err := dlpack.FromSlice([]float32{base, base + 1, base + 2, base + 3}, 1, 4)
+			if err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
+			out, err := f.Call(x)
+			if err != nil {
+				return fmt.Errorf("goroutine %d call %d: %w", g, i, err)
+			}
+			sum := out.Tensors[2]
+			got := *(*float32)(unsafe.Add(sum.Data, sum.ByteOffset))
+			out.Close()
+			if want := 4*base + 6; sum.DType != dlpack.Float32 || got != want {
+				return fmt.Errorf("goroutine %d call %d: sum %v (%v), want %v", g, i, got, sum.DType, want)
+			}
+		}
+		return nil
+	}))
 }
 
 func TestVMErrors(t *testing.T) {
@@ -166,26 +165,23 @@ func TestVMErrors(t *testing.T) {
 	defer plain.Close()
 	assert.False(t, plain.IsVM())
 	_, err = plain.VMFunc("add_one", cpu)
-	require.Error(t, err)
+	assert.ErrorContains(t, err, "holds no Relax VM executable: call its functions with Func")
 }
 
 func TestVMPoolIsBounded(t *testing.T) {
 	t.Setenv(dsoop.VMInstancesEnv, "2")
 	f := openModel(t, modelsDir+"/two_outputs.so", "main")
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 20 {
-				out, err := f.Call(mustTensor(t, []float32{1, 2, 3, 4}, 1, 4))
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				out.Close()
+	x := mustTensor(t, []float32{1, 2, 3, 4}, 1, 4) // read only: shared by the calls
+	require.NoError(t, inParallel(8, func(int) error {
+		for range 20 {
+			out, err := f.Call(x)
+			if err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
+			out.Close()
+		}
+		return nil
+	}))
 	// How many were needed depends on how the calls overlapped; never more than 2.
 	assert.LessOrEqual(t, f.Instances(), 2, "8 goroutines share at most 2 VM instances")
 	assert.GreaterOrEqual(t, f.Instances(), 1)
@@ -195,6 +191,5 @@ func TestVMPoolIsBounded(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	_, err = m.VMFunc("forward", cpu)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), dsoop.VMInstancesEnv)
+	assert.ErrorContains(t, err, dsoop.VMInstancesEnv+`="0": want a number of VM instances`)
 }
