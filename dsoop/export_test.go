@@ -5,6 +5,20 @@ import "fmt"
 // What the tests of package dsoop_test, which build the test libraries, look at
 // inside.
 
+// SharesLoad reports whether two Modules are opens of one loaded library.
+func SharesLoad(a, b *Module) bool { return a.entry == b.entry }
+
+// Loaded reports whether a library loaded from path (absolute) is open.
+func Loaded(path string) bool {
+	modulesMu.Lock()
+	defer modulesMu.Unlock()
+	_, ok := modules[path]
+	return ok
+}
+
+// LockPath takes the lock that an Open of path holds while it loads the library.
+func LockPath(path string) (unlock func()) { return lockPath(path) }
+
 // EmbeddedModules lists the modules the library at path embeds for TVM's
 // loader: their kinds, and for CUDA code its format after a colon.
 func EmbeddedModules(path string) ([]string, error) {

@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -47,11 +48,19 @@ const AllowedDirsEnv = "TVMDSOOP_ALLOWED_DIRS"
 
 // Module is an open TVM module. A library is loaded once per process per path:
 // every Open of the same file shares one loaded module, which is released when
-// the last Module opened on it is closed. Funcs keep their library loaded on their
-// own, so closing a Module does not invalidate the Funcs taken from it.
+// the last Module opened on it is closed. Close a Module when done; a finaliser
+// closes it otherwise. Funcs keep their library loaded on their own, so closing a
+// Module does not invalidate the Funcs taken from it.
 type Module struct {
+	entry *moduleEntry
+	ref   *moduleRef
+}
+
+// moduleRef is a Module's open of its entry, apart from Module so that the
+// finaliser (a cleanup on Module) can close it without resurrecting Module.
+type moduleRef struct {
+	mu     sync.RWMutex // Close waits for lookups in flight
 	entry  *moduleEntry
-	mu     sync.RWMutex
 	closed bool
 }
 
@@ -64,12 +73,50 @@ type moduleEntry struct {
 	isVM   bool                      // holds a Relax VM executable (a whole model)
 	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
 	opens  int                       // guarded by modulesMu
+	kept   bool                      // one of opens is native.KeepLoaded's; guarded by modulesMu
 }
 
 var (
 	modulesMu sync.Mutex
-	modules   = map[string]*moduleEntry{}
+	modules   = map[string]*moduleEntry{} // the latest entry loaded from each path
+	// loading serialises the Opens of each path, and only of that path: a large
+	// library being read, hashed, probed and loaded stalls no Open of another.
+	loading = map[string]*pathLock{} // guarded by modulesMu
 )
+
+// pathLock is held by the Open of a path in progress; others of the path wait.
+type pathLock struct {
+	mu      sync.Mutex
+	waiters int // the Opens holding or waiting for mu; guarded by modulesMu
+}
+
+// lockPath waits for the Opens of path in progress, and returns the unlock.
+func lockPath(path string) (unlock func()) {
+	modulesMu.Lock()
+	l := loading[path]
+	if l == nil {
+		l = &pathLock{}
+		loading[path] = l
+	}
+	l.waiters++
+	modulesMu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		modulesMu.Lock()
+		defer modulesMu.Unlock()
+		if l.waiters--; l.waiters == 0 {
+			delete(loading, path)
+		}
+	}
+}
+
+// newModule makes a Module of one more open of e, which is counted already.
+func newModule(e *moduleEntry) *Module {
+	m := &Module{entry: e, ref: &moduleRef{entry: e}}
+	runtime.AddCleanup(m, (*moduleRef).close, m.ref)
+	return m
+}
 
 // Open loads the TVM module at path, or shares the one already loaded from it.
 func Open(path string) (*Module, error) { return OpenPinned(path, "") }
@@ -107,14 +154,9 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		// A directory, a device or a FIFO: reading one to hash it could block forever.
 		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
 	}
-	modulesMu.Lock()
-	defer modulesMu.Unlock()
-	if e, ok := modules[abs]; ok && sameFile(e.stat, st) {
-		if err := checkDigest(abs, e.sealed.digest, sha256); err != nil {
-			return nil, err
-		}
-		e.opens++
-		return &Module{entry: e}, nil
+	defer lockPath(abs)()
+	if m, err := openLoaded(abs, st, sha256); m != nil || err != nil {
+		return m, err
 	}
 	sealed, err := sealLibrary(abs)
 	if err != nil {
@@ -153,8 +195,26 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
 	e := &moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}
+	modulesMu.Lock()
 	modules[abs] = e
-	return &Module{entry: e}, nil
+	modulesMu.Unlock()
+	return newModule(e), nil
+}
+
+// openLoaded opens the library already loaded from path when its file is still
+// the one st describes; nil and no error when there is none.
+func openLoaded(path string, st os.FileInfo, sha256 string) (*Module, error) {
+	modulesMu.Lock()
+	defer modulesMu.Unlock()
+	e, ok := modules[path]
+	if !ok || !sameFile(e.stat, st) {
+		return nil, nil
+	}
+	if err := checkDigest(path, e.sealed.digest, sha256); err != nil {
+		return nil, err
+	}
+	e.opens++
+	return newModule(e), nil
 }
 
 // checkDigest refuses a library whose digest is not want (when want is set).
@@ -309,9 +369,9 @@ func (m *Module) Func(name string) (*Func, error) {
 	if m.entry.sealed.notCode[name] {
 		return nil, fmt.Errorf("dsoop: library %s: %q: %w (%s%s)", m.entry.path, name, ErrNotCode, ffiSymbolPrefix, name)
 	}
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.closed {
+	m.ref.mu.RLock()
+	defer m.ref.mu.RUnlock()
+	if m.ref.closed {
 		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
 	}
 	cname := C.CString(name)
@@ -331,27 +391,33 @@ func (m *Module) Func(name string) (*Func, error) {
 // Close releases this Module; the library is released with the last one open on
 // its path. Close is idempotent.
 func (m *Module) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil
+	m.ref.close()
+	return nil
+}
+
+func (r *moduleRef) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
 	}
-	m.closed = true
+	r.closed = true
 	modulesMu.Lock()
 	defer modulesMu.Unlock()
-	m.entry.opens--
-	if m.entry.opens == 0 {
-		if modules[m.entry.path] == m.entry { // not if a rebuilt file replaced it there
-			delete(modules, m.entry.path)
-		}
-		poolsMu.Lock()
-		pools := m.entry.pools
-		m.entry.pools = nil
-		poolsMu.Unlock()
-		for _, p := range pools {
-			p.release() // VMFuncs still open keep theirs
-		}
-		C.dsoop_object_release(m.entry.handle)
+	e := r.entry
+	e.opens--
+	if e.opens > 0 {
+		return
 	}
-	return nil
+	if modules[e.path] == e { // not if a rebuilt file replaced it there
+		delete(modules, e.path)
+	}
+	poolsMu.Lock()
+	pools := e.pools
+	e.pools = nil
+	poolsMu.Unlock()
+	for _, p := range pools {
+		p.release() // VMFuncs still open keep theirs
+	}
+	C.dsoop_object_release(e.handle)
 }

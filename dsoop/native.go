@@ -16,6 +16,7 @@ import (
 func init() {
 	native.RetainFunc = retainFunc
 	native.RetainVMFunc = retainVMFunc
+	native.KeepLoaded = keepLoaded
 }
 
 func retainFunc(fn any, dst unsafe.Pointer) error {
@@ -46,6 +47,27 @@ func retainVMFunc(fn any) (pool unsafe.Pointer, index int32, err error) {
 	f.ref.pool.refs++
 	poolsMu.Unlock()
 	return unsafe.Pointer(f.ref.pool.ptr), int32(f.ref.index), nil
+}
+
+// keepLoaded holds one more open of the module's library, once per library,
+// never closed.
+func keepLoaded(module any) error {
+	m, err := as[*Module](module, "KeepLoaded")
+	if err != nil {
+		return err
+	}
+	m.ref.mu.RLock()
+	defer m.ref.mu.RUnlock()
+	if m.ref.closed {
+		return fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
+	}
+	modulesMu.Lock()
+	defer modulesMu.Unlock()
+	if !m.entry.kept {
+		m.entry.kept = true
+		m.entry.opens++
+	}
+	return nil
 }
 
 // as gives v as a T, or the error of the accessor named hook, called with a value

@@ -179,9 +179,9 @@ func (m *Module) VMFunc(name string, device dlpack.Device) (*VMFunc, error) {
 	if !m.entry.isVM {
 		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable: call its functions with Func", m.entry.path)
 	}
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.closed {
+	m.ref.mu.RLock()
+	defer m.ref.mu.RUnlock()
+	if m.ref.closed {
 		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
 	}
 	p, err := m.pool(device)

@@ -84,12 +84,16 @@ func describe(err error) string {
 	}
 }
 
-// resolve never closes the Module it opens: the library then stays loaded for
-// the life of the process, and later kernels share it (and its VM pools).
+// resolve keeps the library it opens loaded for the life of the process: later
+// kernels share it (and its VM pools).
 func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
 	// The digest is checked on the bytes read, before any of them runs.
 	module, err := dsoop.OpenPinned(libPath, sha256)
 	if err != nil {
+		return err
+	}
+	defer module.Close()
+	if err := native.KeepLoaded(module); err != nil {
 		return err
 	}
 	*out = C.TvmdsoopTarget{arity: -1}

@@ -19,6 +19,7 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/native"
 	// The TVMDSOOp kernels, registered by C++ static initialisers at start-up.
 	_ "github.com/tvmdsoop/tvmdsoop/kernels"
 )
@@ -49,13 +50,17 @@ func NewModule(path string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
-	// Left open, as the op leaves the libraries it loads: they share one copy, and
-	// the digest recorded is that of the bytes loaded.
+	// Kept loaded, as the op keeps the libraries it loads: they share one copy,
+	// and the digest recorded is that of the bytes loaded.
 	module, err := dsoop.Open(abs)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &Module{path: abs}, nil // reported by the op when the graph runs
 	}
 	if err != nil {
+		return nil, fmt.Errorf("tfbridge: %w", err)
+	}
+	defer module.Close()
+	if err := native.KeepLoaded(module); err != nil {
 		return nil, fmt.Errorf("tfbridge: %w", err)
 	}
 	return &Module{path: abs, sha256: module.SHA256(), model: module.IsVM()}, nil

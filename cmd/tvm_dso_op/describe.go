@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/native"
 )
 
 // libraryDescription is what TVMDSOOpDescribeLibrary tells about a library.
@@ -33,10 +34,15 @@ func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 				d = libraryDescription{Error: fmt.Sprintf("internal error: %v", r)}
 			}
 		}()
-		// The digest is checked on the bytes read, before any of them runs. Left
-		// open, as the kernels leave theirs: the op shares the loaded copy.
+		// The digest is checked on the bytes read, before any of them runs. Kept
+		// loaded, as the kernels keep theirs: the op shares the loaded copy.
 		module, err := dsoop.OpenPinned(C.GoString(path), C.GoString(sha256))
 		if err != nil {
+			d.Error = err.Error()
+			return
+		}
+		defer module.Close()
+		if err := native.KeepLoaded(module); err != nil {
 			d.Error = err.Error()
 			return
 		}

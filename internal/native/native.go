@@ -1,6 +1,7 @@
 // Package native gives C holders inside this module (the TensorFlow kernels,
 // dsoop's C-loop baseline) what dsoop keeps out of its public API: native
-// references to its functions, whose lifetimes the holder then manages in C.
+// references to its functions, whose lifetimes the holder then manages in C, and
+// a library kept loaded for the life of the process.
 //
 // Package dsoop sets these functions when it is initialised, and nothing else
 // sets them. This package cannot name dsoop's types (dsoop imports it), so they
@@ -19,4 +20,10 @@ var (
 	// *dsoop.VMFunc, with a reference to the pool that is never returned: the pool
 	// then lives as long as the process.
 	RetainVMFunc func(fn any) (pool unsafe.Pointer, index int32, err error)
+
+	// KeepLoaded keeps the library of module, a *dsoop.Module, loaded for the
+	// life of the process, as if a Module on it were never closed: later Opens
+	// of the unchanged file share it (and a model's VM instances), and closing
+	// module, or letting it go, does not unload it.
+	KeepLoaded func(module any) error
 )

@@ -1,0 +1,125 @@
+package dsoop_test
+
+import (
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tvmdsoop/tvmdsoop/dsoop"
+	"github.com/tvmdsoop/tvmdsoop/internal/native"
+)
+
+func TestConcurrentOpensShareOneLoad(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	modules := make([]*dsoop.Module, 8)
+	require.NoError(t, inParallel(len(modules), func(g int) (err error) {
+		modules[g], err = dsoop.Open(path)
+		return err
+	}))
+	for _, m := range modules {
+		assert.True(t, dsoop.SharesLoad(modules[0], m))
+		require.NoError(t, m.Close())
+	}
+	assert.False(t, dsoop.Loaded(path), "released with the last Close")
+}
+
+// While one Open of a path loads it, Opens of other paths go on, and those of
+// the same path wait for it.
+func TestOpenWaitsOnlyForItsOwnPath(t *testing.T) {
+	slow, other := copyLibrary(t, testLib), copyLibrary(t, testLib)
+	unlock := dsoop.LockPath(slow) // as an Open of slow loading it
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
+	type opened struct {
+		m   *dsoop.Module
+		err error
+	}
+	open := func(path string) <-chan opened {
+		done := make(chan opened, 1)
+		go func() {
+			m, err := dsoop.Open(path)
+			done <- opened{m, err}
+		}()
+		return done
+	}
+	result := func(done <-chan opened) *dsoop.Module {
+		t.Helper()
+		select {
+		case o := <-done:
+			require.NoError(t, o.err)
+			t.Cleanup(func() { o.m.Close() })
+			return o.m
+		case <-time.After(time.Minute):
+			t.Fatal("Open did not return")
+			return nil
+		}
+	}
+	result(open(other))
+
+	waiting := open(slow)
+	select {
+	case <-waiting:
+		t.Fatal("an Open of a path did not wait for the one loading it")
+	case <-time.After(200 * time.Millisecond):
+	}
+	unlock()
+	unlock = nil
+	result(waiting)
+}
+
+func TestUnclosedModuleIsReleased(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	func() {
+		_, err := dsoop.Open(path)
+		require.NoError(t, err)
+	}()
+	require.True(t, dsoop.Loaded(path))
+	assert.Eventually(t, func() bool {
+		runtime.GC()
+		return !dsoop.Loaded(path)
+	}, 30*time.Second, 10*time.Millisecond, "a finaliser closes a Module no one closed")
+}
+
+// The kernels keep what they load for the life of the process: later kernels
+// share it, whether the Modules are closed or let go.
+func TestKeptLibraryOutlivesItsModules(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	m, err := dsoop.Open(path)
+	require.NoError(t, err)
+	require.NoError(t, native.KeepLoaded(m))
+	require.NoError(t, m.Close())
+	require.ErrorIs(t, native.KeepLoaded(m), dsoop.ErrClosed)
+	func() {
+		let, err := dsoop.Open(path)
+		require.NoError(t, err)
+		require.NoError(t, native.KeepLoaded(let))
+	}()
+	for range 3 {
+		runtime.GC()
+	}
+	require.True(t, dsoop.Loaded(path))
+	again, err := dsoop.Open(path)
+	require.NoError(t, err)
+	defer again.Close()
+	assert.True(t, dsoop.SharesLoad(m, again), "the kept library is shared")
+	_, f := openAddOne(t, path)
+	addOneWorks(t, f)
+}
+
+func TestNativeAccessorsRefuseOtherTypes(t *testing.T) {
+	f := openFunc(t, "add_one")
+	assert.ErrorContains(t, native.KeepLoaded(f), "KeepLoaded of a *dsoop.Func")
+	_, _, err := native.RetainVMFunc(f)
+	assert.ErrorContains(t, err, "RetainVMFunc of a *dsoop.Func")
+	assert.ErrorContains(t, native.RetainFunc(struct{}{}, nil), "RetainFunc of a struct {}")
+	require.NoError(t, f.Close())
+	var fn [2]uintptr // a DsoopFunction's room: not written for a closed Func
+	assert.ErrorIs(t, native.RetainFunc(f, unsafe.Pointer(&fn)), dsoop.ErrClosed)
+}
