@@ -236,7 +236,9 @@ func TestErrors(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, f.Close())
 		require.NoError(t, f.Close())
-		assert.Error(t, f.Call(mustTensor(t, []float32{1}), mustTensor(t, make([]float32, 1))))
+		err = f.Call(mustTensor(t, []float32{1}), mustTensor(t, make([]float32, 1)))
+		require.ErrorIs(t, err, dsoop.ErrClosed)
+		assert.EqualError(t, err, "dsoop: add_one: already closed", "dsoop: is said once")
 	})
 }
 

@@ -33,6 +33,7 @@ const (
 	codeNotFound           = 5
 	codePermissionDenied   = 7
 	codeFailedPrecondition = 9
+	codeInternal           = 13
 )
 
 // errModelNotAllowed refuses a whole model to the op of old TVM, which calls
@@ -47,21 +48,30 @@ var errModelNotAllowed = errors.New("not a library of plain functions")
 // returns a TensorFlow status code and a malloc'ed message for the caller to free.
 //
 //export tvmdsoopResolve
-func tvmdsoopResolve(libPath, funcName, sha256 *C.char, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) (code C.int) {
-	// A Go panic must not unwind into TensorFlow's C++ frames.
+func tvmdsoopResolve(libPath, funcName, sha256 *C.char, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) C.int {
+	code, msg := status(func() error {
+		device := dlpack.Device{Type: dlpack.DeviceType(deviceType), ID: int32(deviceID)}
+		return resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), device, allowModels != 0, out)
+	})
+	if code != 0 {
+		*errMsg = C.CString(msg)
+	}
+	return C.int(code)
+}
+
+// status runs resolution and gives its TensorFlow status code (0 for OK) and
+// message. A Go panic must not unwind into TensorFlow's C++ frames: it is
+// recovered, and reported as the bug it is.
+func status(resolution func() error) (code int, msg string) {
 	defer func() {
 		if r := recover(); r != nil {
-			*errMsg = C.CString(fmt.Sprintf("TVMDSOOp: internal error while resolving the function: %v", r))
-			code = codeInvalidArgument
+			code, msg = codeInternal, fmt.Sprintf("internal error: %v", r)
 		}
 	}()
-	device := dlpack.Device{Type: dlpack.DeviceType(deviceType), ID: int32(deviceID)}
-	err := resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), device, allowModels != 0, out)
-	if err == nil {
-		return 0
+	if err := resolution(); err != nil {
+		return statusCode(err), describe(err)
 	}
-	*errMsg = C.CString(describe(err))
-	return C.int(statusCode(err))
+	return 0, ""
 }
 
 // describe words an error for a message that already names the library and the
