@@ -96,6 +96,7 @@ fuzz: build
 run-fuzz:
 	go test -run '^$$' -fuzz FuzzSealedCheck -fuzztime $(FUZZTIME) ./dsoop
 	go test -run '^$$' -fuzz FuzzFramePack -fuzztime $(FUZZTIME) ./dsoop
+	go test -run '^$$' -fuzz FuzzParseEmbeddedModules -fuzztime $(FUZZTIME) ./dsoop
 
 bench: build
 	$(PYTHON) bench/run.py
