@@ -14,45 +14,6 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 )
 
-// A user's program: add_one on a Go slice.
-const plainBuildMain = `package main
-
-import (
-	"fmt"
-	"log"
-	"os"
-
-	"github.com/tvmdsoop/tvmdsoop/dlpack"
-	"github.com/tvmdsoop/tvmdsoop/dsoop"
-)
-
-func main() {
-	module, err := dsoop.Open(os.Args[1])
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer module.Close()
-	addOne, err := module.Func("add_one")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer addOne.Close()
-	in, out := []float32{1, 2, 3, 4}, make([]float32, 4)
-	x, err := dlpack.FromSlice(in)
-	if err != nil {
-		log.Fatal(err)
-	}
-	y, err := dlpack.FromSlice(out)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := addOne.Call(x, y); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(out)
-}
-`
-
 // TestPlainGoBuild: a module of a user's own that requires this one builds with
 // `go build` alone (no cgo flags: the TVM-FFI headers are vendored, and
 // libtvm_ffi.so is opened at run time), and runs with only
@@ -81,12 +42,15 @@ func TestPlainGoBuild(t *testing.T) {
 	require.NotNil(t, goVersion, "no go directive in go.mod")
 	goSum, err := os.ReadFile(filepath.Join(repo, "go.sum"))
 	require.NoError(t, err)
+	// The user's program is the Go example: add_one on a Go slice.
+	program, err := os.ReadFile(filepath.Join(repo, "examples", "go", "addone", "main.go"))
+	require.NoError(t, err)
 
 	dir := t.TempDir()
 	userMod := "module example.com/user\n\ngo " + string(goVersion[1]) + "\n\n" +
 		"require github.com/tvmdsoop/tvmdsoop v0.0.0\n\n" +
 		"replace github.com/tvmdsoop/tvmdsoop => " + repo + "\n"
-	for name, content := range map[string][]byte{"go.mod": []byte(userMod), "go.sum": goSum, "main.go": []byte(plainBuildMain)} {
+	for name, content := range map[string][]byte{"go.mod": []byte(userMod), "go.sum": goSum, "main.go": program} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), content, 0o644))
 	}
 
@@ -112,5 +76,5 @@ func TestPlainGoBuild(t *testing.T) {
 	run.Env = []string{dsoop.LibraryPathEnv + "=" + searchPath}
 	out, err = run.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	assert.Equal(t, "[2 3 4 5]\n", string(out))
+	assert.Equal(t, "input:  [1 2 3 4]\noutput: [2 3 4 5]\n", string(out))
 }
