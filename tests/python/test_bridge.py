@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from helpers import run_python
 
-from tf_op.bridge import CompileError, compile
+from tf_op import CompileError, compile
 
 RTOL = ATOL = 1e-5
 
@@ -116,7 +116,7 @@ def test_unknown_shape_inside_tf_function_is_an_error(tmp_path: Path) -> None:
 _FRESH_PROCESS_SCRIPT = textwrap.dedent("""
     import logging, sys
     import numpy as np, tensorflow as tf
-    from tf_op.bridge import compile
+    from tf_op import compile
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     w = tf.constant(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
     fast = compile(lambda x: tf.nn.relu(x @ w), [tf.TensorSpec([2, 8])], cache_dir=sys.argv[1])
