@@ -206,9 +206,9 @@ def test_device_none_follows_tf_placement(mod: tf_op.Module) -> None:
     assert "CPU:0" in op.device
 
 
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs a machine with no GPU visible to TF")
 def test_missing_device_falls_back_with_soft_placement(mod: tf_op.Module) -> None:
     # No GPU here: TF's soft placement (on by default) runs the op on the CPU.
-    assert not tf.config.list_physical_devices("GPU")
     y = mod.func("add_one", device="/GPU:0")(tf.constant([1.0]))
     np.testing.assert_array_equal(y.numpy(), [2.0])
     assert "CPU" in y.device
