@@ -22,11 +22,8 @@ import tvm
 import tvm_ffi.cpp
 from tvm import te
 
-#: Dtypes TVM compiles an ``inc_<dtype>`` (x + 1; ``not x`` for bool) for.
-TVM_DTYPES = [
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
-]
+from dtypes import TVM_DTYPES
+
 
 
 def _func(name: str, args: list[te.Tensor]) -> "tvm.tirx.PrimFunc":

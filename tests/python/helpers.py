@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import subprocess
 import sys
 import threading
@@ -11,6 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
+
+#: The dtypes the test library has an ``inc_<dtype>`` for: tests/modules/dtypes.py,
+#: which the TVM side reads too (run, not imported: tests/modules is not a package).
+TVM_DTYPES: list[str] = runpy.run_path(str(Path(__file__).resolve().parents[1] / "modules" / "dtypes.py"))["TVM_DTYPES"]
 
 
 def buffer_address(t: tf.Tensor) -> int:

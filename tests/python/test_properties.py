@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tf_op
+from helpers import TVM_DTYPES as DTYPES
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "bfloat16", "float32", "float64"]
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -16,12 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import buffer_address, run_in_threads, run_python
-
-TVM_DTYPES = [
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
-]
+from helpers import TVM_DTYPES, buffer_address, run_in_threads, run_python
 
 
 @pytest.fixture(scope="module")
