@@ -34,7 +34,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_op.module import Func, Module
+from tf_op.module import Func, Module, file_sha256
 
 logger = logging.getLogger("tf_op.bridge")
 
@@ -219,14 +219,6 @@ def _cache_key(tflite_bytes: bytes, target: Target, tvm_version: str) -> str:
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _cached_library(tflite_bytes: bytes, target: Target, cache_dir: Path, name: str) -> tuple[Path, str]:
     """The library for this TFLite model and target, and its sha256: from the cache
     when its entry is whole (its recorded digest matches), else compiled now."""
@@ -235,7 +227,7 @@ def _cached_library(tflite_bytes: bytes, target: Target, cache_dir: Path, name: 
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
     if lib_path.is_file() and digest_path.is_file():
         recorded = digest_path.read_text().strip()
-        if _file_sha256(lib_path) == recorded:
+        if file_sha256(lib_path) == recorded:
             logger.info("cache hit for %s: %s", name, lib_path)
             return lib_path, recorded
         logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
@@ -257,7 +249,7 @@ def _compile_into(tflite_bytes: bytes, target: Target, python: str, lib_path: Pa
         if result.returncode != 0 or not out_path.is_file():
             raise CompileError(f"tf_op.compile({name}): TVM could not compile the model for target "
                                f"{target!r} (exit {result.returncode}):\n{_tail(result.stderr)}")
-        digest = _file_sha256(out_path)
+        digest = file_sha256(out_path)
         os.replace(out_path, lib_path)
     logger.info("TVM compiled %s in %.2f s (%s): %s", name, time.perf_counter() - start,
                 result.stdout.strip(), lib_path)

@@ -94,7 +94,7 @@ class Module(tf.Module):
         return list(self._describe().get("functions") or [])
 
     def _digest_if_present(self) -> str | None:
-        return _file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
+        return file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
 
     @property
     def library_path(self) -> tf.Tensor:
@@ -314,7 +314,8 @@ def _in_tf1_graph() -> bool:
     return not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function
 
 
-def _file_sha256(path: str) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file, hex, read in blocks (libraries can be large)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
