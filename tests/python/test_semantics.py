@@ -252,6 +252,7 @@ def test_slices_give_right_values(mod: tf_op.Module) -> None:
         ("not a library", tf.errors.InvalidArgumentError, r"notalib\.so"),
         ("no such function", tf.errors.NotFoundError, r"'nope'.*no function of that name"),
         ("symbol is data, not code", tf.errors.NotFoundError, r"'not_code'.*data, not a function"),
+        ("name reserved for TVM's symbols", tf.errors.InvalidArgumentError, r"'_library_bin'.*reserved for TVM's own symbols"),
         ("too few inputs", tf.errors.InvalidArgumentError, r"vector_add.*Expected 3 arguments"),
         ("too many outputs", tf.errors.InvalidArgumentError, r"add_one.*Expected 2 arguments"),
         ("wrong dtype", tf.errors.InvalidArgumentError, r"add_one.*float32"),
@@ -275,6 +276,8 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
         "no such function": lambda: mod.func("nope")(x),
         # Called, it would jump into data: the process would die of SIGSEGV.
         "symbol is data, not code": lambda: ffi.func("not_code")(x),
+        # The module blob every export_library with imports carries: data again.
+        "name reserved for TVM's symbols": lambda: mod.func("_library_bin")(x),
         "too few inputs": lambda: mod.func("vector_add")(x),
         "too many outputs": lambda: mod.func("add_one", output_shapes=[None, None])(x),
         "wrong dtype": lambda: mod.func("add_one")(tf.constant([1], tf.int64)),
