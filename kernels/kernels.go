@@ -12,6 +12,7 @@ package kernels
 #cgo CXXFLAGS: -std=c++17 -I${SRCDIR}/.. -I${SRCDIR}/../third_party/tvm-ffi/include
 #include <stdlib.h>
 #include "kernels/target.h"
+#include "tensorflow/c/tf_status.h"
 */
 import "C"
 
@@ -27,13 +28,14 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/internal/native"
 )
 
-// TensorFlow status codes (absl::StatusCode) the resolution errors map to.
+// TensorFlow status codes the resolution errors map to, from TF's C API (the
+// kernel hands them to TF as absl::StatusCode, which has the same values).
 const (
-	codeInvalidArgument    = 3
-	codeNotFound           = 5
-	codePermissionDenied   = 7
-	codeFailedPrecondition = 9
-	codeInternal           = 13
+	codeInvalidArgument    = C.TF_INVALID_ARGUMENT
+	codeNotFound           = C.TF_NOT_FOUND
+	codePermissionDenied   = C.TF_PERMISSION_DENIED
+	codeFailedPrecondition = C.TF_FAILED_PRECONDITION
+	codeInternal           = C.TF_INTERNAL
 )
 
 // errModelNotAllowed refuses a whole model to the op of old TVM, which calls
