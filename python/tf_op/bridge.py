@@ -15,6 +15,8 @@ folder, so a second process (a server restart) loads instead of compiling.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -26,8 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +71,46 @@ class _Compiled:
     structure: Any
 
 
+Shapes = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class _State:
+    """What CompiledFunction keeps out of TF's tracking: the original function
+    (saving it would save the model's weights a second time, beside the compiled
+    libraries) and the libraries by input shape (tuple keys, which trackable
+    dicts refuse)."""
+
+    fn: Any
+    name: str
+    input_signature: list[tf.TensorSpec]
+    target: Target
+    cache_dir: Path
+    compiled: dict[Shapes, _Compiled] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile)
     fn: Callable[..., Any],
     input_signature: Sequence[tf.TensorSpec] | None = None,
     *,
+    batch_sizes: Sequence[int] = (),
     target: Target | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> CompiledFunction:
     """Compiles ``fn`` (a Keras model or layer, a tf.function or a plain callable of
-    tensors) with TVM, lazily: each static input shape compiles on its first call.
+    tensors) with TVM: each static input shape compiles on its first call, or now
+    for the ``batch_sizes`` named.
 
     Args:
       fn: what to compile. Keras models are called with ``training=False``.
       input_signature: one TensorSpec per positional input; ``None`` dimensions
         are filled from each call's inputs (one compile per static shape). For a
         Keras model, by default its inputs' specs.
+      batch_sizes: compile now for each of these sizes of the first dimension
+        (where the signature leaves it ``None``; every other dimension must be
+        known). A function traced with an unknown batch (a SavedModel's serving
+        signature) runs whichever compiled shape each call's inputs have.
       target: a TVM target (its string or dict form); default ``DEFAULT_TARGET``.
       cache_dir: the cache folder; default ``$TVMDSOOP_CACHE_DIR``, else
         ``~/.cache/tvmdsoop``.
@@ -92,69 +119,144 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         if not isinstance(fn, keras.Model):
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
-    return CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir))
+    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir))
+    for batch in batch_sizes:
+        compiled.compile_for(compiled.batch_shapes(batch))
+    return compiled
 
 
-class CompiledFunction:
-    """The callable ``compile`` returns; holds one compiled library per static input shape."""
+class CompiledFunction(tf.Module):
+    """The callable ``compile`` returns; holds one compiled library per static input shape.
+
+    A ``tf.Module``: kept on the object a SavedModel saves, it carries the
+    libraries compiled so far as assets, and a function traced with an unknown
+    dimension (a serving signature) dispatches each call to the library of its
+    inputs' shapes; another shape is an ``InvalidArgumentError`` that lists the
+    compiled ones."""
 
     def __init__(self, fn: Callable[..., Any], input_signature: Sequence[tf.TensorSpec],
                  target: Target, cache_dir: Path) -> None:
-        self.input_signature = [tf.TensorSpec.from_spec(s) for s in input_signature]
-        self.target = target
-        self.cache_dir = cache_dir
-        self._name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-        self._fn = tf.function(_traceable(fn))
-        self._compiled: dict[tuple[tuple[int, ...], ...], _Compiled] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, *args: Any) -> Any:
-        if len(args) != len(self.input_signature):
-            raise TypeError(f"tf_op.compile({self._name}): takes {len(self.input_signature)} inputs, got {len(args)}")
-        tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, self.input_signature)]
-        shapes = tuple(self._static_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, self.input_signature)))
-        compiled = self._compiled.get(shapes)
-        if compiled is None:
-            with self._lock:
-                compiled = self._compiled.get(shapes) or self._build(shapes)
-                self._compiled[shapes] = compiled
-        outputs = compiled.func(*tensors)
-        return tf.nest.pack_sequence_as(compiled.structure, list(outputs))
+        super().__init__(name=None)
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
+        self._state = _State(tf.function(_traceable(fn)), name, [tf.TensorSpec.from_spec(s) for s in input_signature],
+                             target, cache_dir)
+        # Tracked: the compiled functions and, through them, their libraries.
+        self._funcs: list[Func] = []
 
     @property
-    def library_paths(self) -> dict[tuple[tuple[int, ...], ...], Path]:
+    def input_signature(self) -> list[tf.TensorSpec]:
+        return list(self._state.input_signature)
+
+    @property
+    def target(self) -> Target:
+        return self._state.target
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._state.cache_dir
+
+    @property
+    def library_paths(self) -> dict[Shapes, Path]:
         """The cache entry of each input shape compiled so far."""
-        return {shapes: c.lib_path for shapes, c in self._compiled.items()}
+        return {shapes: c.lib_path for shapes, c in self._state.compiled.items()}
 
-    def _static_shape(self, t: tf.Tensor, spec: tf.TensorSpec, i: int) -> tuple[int, ...]:
-        """The input's fully known shape: TVM compiles static shapes, so inside a
-        tf.function the shape must be known when it is traced."""
+    def __call__(self, *args: Any) -> Any:
+        state = self._state
+        if len(args) != len(state.input_signature):
+            raise TypeError(f"tf_op.compile({state.name}): takes {len(state.input_signature)} inputs, got {len(args)}")
+        tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
+        shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
+        if all(shape.is_fully_defined() for shape in shapes):
+            return self._run(self.compile_for(tuple(tuple(s.as_list()) for s in shapes)), tensors)
+        return self._dispatch(tensors, shapes)
+
+    def batch_shapes(self, batch: int) -> Shapes:
+        """The input shapes for batch size ``batch``: the signature with its
+        unknown first dimensions set to it."""
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"tf_op.compile({self._state.name}): batch sizes are positive ints, got {batch!r}")
+        shapes = []
+        for i, spec in enumerate(self._state.input_signature):
+            dims = spec.shape.as_list() if spec.shape.rank else []
+            if dims and dims[0] is None:
+                dims[0] = batch
+            if spec.shape.rank is None or None in dims:
+                raise ValueError(f"tf_op.compile({self._state.name}): batch_sizes sets the first dimension only, "
+                                 f"but input {i} has shape {spec.shape}")
+            shapes.append(tuple(dims))
+        return tuple(shapes)
+
+    def compile_for(self, shapes: Shapes) -> _Compiled:
+        """The library for these static input shapes: compiled (or taken from the
+        cache) on first use."""
+        state = self._state
+        compiled = state.compiled.get(shapes)
+        if compiled is None:
+            with state.lock:
+                compiled = state.compiled.get(shapes)
+                if compiled is None:
+                    compiled = state.compiled[shapes] = self._build(shapes)
+                    self._funcs.append(compiled.func)
+        return compiled
+
+    def _merged_shape(self, t: tf.Tensor, spec: tf.TensorSpec, i: int) -> tf.TensorShape:
         if not spec.shape.is_compatible_with(t.shape):
-            raise ValueError(f"tf_op.compile({self._name}): input {i} has shape {t.shape}, expected {spec.shape}")
-        shape = spec.shape.merge_with(t.shape)
-        if not shape.is_fully_defined():
-            raise ValueError(f"tf_op.compile({self._name}): input {i} has shape {shape} when traced; "
-                             "TVM compiles static shapes: give the tf.function a static input_signature")
-        return tuple(shape.as_list())
+            raise ValueError(f"tf_op.compile({self._state.name}): input {i} has shape {t.shape}, expected {spec.shape}")
+        return spec.shape.merge_with(t.shape)
 
-    def _build(self, shapes: tuple[tuple[int, ...], ...]) -> _Compiled:
+    @staticmethod
+    def _run(compiled: _Compiled, tensors: Sequence[tf.Tensor]) -> Any:
+        return tf.nest.pack_sequence_as(compiled.structure, list(compiled.func(*tensors)))
+
+    def _dispatch(self, tensors: list[tf.Tensor], shapes: list[tf.TensorShape]) -> Any:
+        """Inputs whose shape is known only when the graph runs (a function traced
+        with an unknown dimension): one branch per compiled shape that fits, chosen
+        by the inputs' runtime shapes; any other shape fails with the list."""
+        state = self._state
+        candidates = [(key, c) for key, c in sorted(state.compiled.items())
+                      if all(shape.is_compatible_with(dims) for shape, dims in zip(shapes, key))]
+        if not candidates:
+            raise ValueError(f"tf_op.compile({state.name}): input shapes {[s.as_list() for s in shapes]} are not "
+                             "static when traced and no compiled shape fits them; TVM compiles static shapes: give "
+                             "the tf.function a static input_signature, or compile shapes ahead with batch_sizes=")
+        matches = [tf.reduce_all([tf.reduce_all(tf.equal(tf.shape(t, out_type=tf.int64), dims))
+                                  for t, dims in zip(tensors, key)]) for key, _ in candidates]
+        index = tf.reduce_min(tf.where(tf.stack(matches), tf.range(len(candidates)), len(candidates)))
+
+        def branch(key: Shapes, compiled: _Compiled) -> Callable[[], list[tf.Tensor]]:
+            return lambda: tf.nest.flatten(self._run(compiled, [tf.ensure_shape(t, dims) for t, dims in zip(tensors, key)]))
+
+        def not_compiled() -> list[tf.Tensor]:
+            listed = "; ".join(str([list(d) for d in key]) for key, _ in candidates)
+            check = tf.debugging.Assert(False, [f"tf_op.compile({state.name}): no library was compiled for the "
+                                                f"input shapes that follow; compiled: {listed}"]
+                                        + [tf.shape(t) for t in tensors])
+            first = tf.nest.flatten(candidates[0][1].structure)
+            with tf.control_dependencies([check]):
+                return [tf.zeros(out.shape, out.dtype) for out in first]
+
+        flat = tf.switch_case(index, [branch(key, c) for key, c in candidates], default=not_compiled)
+        return tf.nest.pack_sequence_as(candidates[0][1].structure, flat)
+
+    def _build(self, shapes: Shapes) -> _Compiled:
         """Trace -> TFLite -> (cache or TVM worker) -> a TVMDSOOp for one input shape."""
+        state = self._state
         start = time.perf_counter()
         specs = [tf.TensorSpec(shape, s.dtype, name=s.name or f"input_{i}")
-                 for i, (shape, s) in enumerate(zip(shapes, self.input_signature))]
-        concrete = self._fn.get_concrete_function(*specs)
+                 for i, (shape, s) in enumerate(zip(shapes, state.input_signature))]
+        concrete = state.fn.get_concrete_function(*specs)
         flat_outputs = tf.nest.flatten(concrete.structured_outputs)
         for k, out in enumerate(flat_outputs):
             if not out.shape.is_fully_defined():
-                raise CompileError(f"tf_op.compile({self._name}): output {k} has shape {out.shape} for inputs "
+                raise CompileError(f"tf_op.compile({state.name}): output {k} has shape {out.shape} for inputs "
                                    f"{list(shapes)}; only static output shapes are supported")
-        logger.info("traced %s for %s in %.2f s", self._name, list(shapes), time.perf_counter() - start)
+        logger.info("traced %s for %s in %.2f s", state.name, list(shapes), time.perf_counter() - start)
 
         start = time.perf_counter()
-        tflite_bytes = _to_tflite(concrete, self._name)
-        logger.info("converted %s to TFLite (%d bytes) in %.2f s", self._name, len(tflite_bytes), time.perf_counter() - start)
+        tflite_bytes = _to_tflite(concrete, state.name)
+        logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes), time.perf_counter() - start)
 
-        lib_path, digest = _cached_library(tflite_bytes, self.target, self.cache_dir, self._name)
+        lib_path, digest = _cached_library(tflite_bytes, state.target, state.cache_dir, state.name)
         start = time.perf_counter()
         func = Module(str(lib_path), sha256=digest).func(
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
@@ -163,7 +265,7 @@ class CompiledFunction:
         return _Compiled(lib_path, func, concrete.structured_outputs)
 
     def __repr__(self) -> str:
-        return f"tf_op.compile({self._name}, target={self.target!r}, shapes={list(self._compiled)})"
+        return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
 
 
 def _traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -225,16 +327,31 @@ def _cached_library(tflite_bytes: bytes, target: Target, cache_dir: Path, name: 
     python = _tvm_python()
     key = _cache_key(tflite_bytes, target, _tvm_version(python))
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
-    if lib_path.is_file() and digest_path.is_file():
-        recorded = digest_path.read_text().strip()
-        if file_sha256(lib_path) == recorded:
-            logger.info("cache hit for %s: %s", name, lib_path)
-            return lib_path, recorded
-        logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    digest = _compile_into(tflite_bytes, target, python, lib_path, name)
-    _write_atomically(digest_path, digest.encode() + b"\n")
+    with _exclusive(cache_dir / f"{key}.lock"):
+        if lib_path.is_file() and digest_path.is_file():
+            recorded = digest_path.read_text().strip()
+            if file_sha256(lib_path) == recorded:
+                logger.info("cache hit for %s: %s", name, lib_path)
+                return lib_path, recorded
+            logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
+        digest = _compile_into(tflite_bytes, target, python, lib_path, name)
+        _write_atomically(digest_path, digest.encode() + b"\n")
     return lib_path, digest
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``lock_path`` (made if missing): processes that
+    compile the same entry at once take turns, so the second finds the first's
+    library instead of replacing it (TVM's output is not byte-for-byte
+    reproducible, and a library must stay the one its digest file names)."""
+    with open(lock_path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _compile_into(tflite_bytes: bytes, target: Target, python: str, lib_path: Path, name: str) -> str:

@@ -11,6 +11,7 @@ import logging
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def _inputs(*shape: int, seed: int = 0) -> np.ndarray:
 
 def _libraries(cache_dir: Path) -> list[Path]:
     return sorted(cache_dir.glob("*.so"))
+
+
+def _entries(cache_dir: Path) -> list[Path]:
+    """What the cache holds besides its lock files (which hold nothing)."""
+    return sorted(p for p in cache_dir.glob("*") if p.suffix != ".lock") if cache_dir.exists() else []
 
 
 @pytest.mark.parametrize("make_model, shape", [(_mlp, (4, 16)), (_cnn, (2, 16, 16, 3))], ids=["mlp", "cnn"])
@@ -165,14 +171,14 @@ def test_model_tvm_cannot_take_is_a_compile_error(tmp_path: Path) -> None:
     fast = compile(update, [tf.TensorSpec([4])], cache_dir=tmp_path)
     with pytest.raises(CompileError, match="DYNAMIC_UPDATE_SLICE"):
         fast(np.zeros(4, np.float32))
-    assert list(tmp_path.iterdir()) == []  # nothing half-written
+    assert _entries(tmp_path) == []  # nothing half-written
 
 
 def test_function_tflite_cannot_take_is_a_compile_error(tmp_path: Path) -> None:
     fast = compile(lambda s: tf.strings.length(s), [tf.TensorSpec([2], tf.string)], cache_dir=tmp_path)
     with pytest.raises(CompileError, match="TFLite converter"):
         fast(tf.constant(["a", "bc"]))
-    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+    assert _entries(tmp_path) == []
 
 
 _HOST_HAS_AVX2 = "avx2" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else False
@@ -196,3 +202,89 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
     disassembly = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     assert "%xmm" in disassembly
     assert bool(_VEX.search(disassembly)) == avx
+
+
+def test_batch_sizes_compile_ahead(tmp_path: Path) -> None:
+    model = _mlp()
+    fast = compile(model, [tf.TensorSpec([None, 16])], batch_sizes=[1, 4], cache_dir=tmp_path / "cache")
+    assert sorted(fast.library_paths) == [((1, 16),), ((4, 16),)]
+    with pytest.raises(ValueError, match="first dimension only"):
+        compile(model, [tf.TensorSpec([None, None])], batch_sizes=[1], cache_dir=tmp_path / "cache")
+
+
+_LOAD_SAVED_MODEL_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np, tensorflow as tf
+    import tf_op  # registers TVMDSOOp for the loaded graph
+    loaded = tf.saved_model.load(sys.argv[1])
+    serve = loaded.signatures["serving_default"]
+    expected = np.load(sys.argv[2])
+    for batch in (1, 4):
+        x = expected[f"x{batch}"]
+        np.testing.assert_allclose(loaded.predict(x).numpy(), expected[f"y{batch}"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(serve(x=tf.constant(x))["output_0"].numpy(), expected[f"y{batch}"], rtol=1e-5, atol=1e-5)
+    try:
+        loaded.predict(np.zeros((3, 16), np.float32))
+    except tf.errors.InvalidArgumentError as err:
+        print("REFUSED:", err.message)
+    else:
+        raise AssertionError("batch 3 was never compiled, yet it ran")
+""")
+
+
+def test_saved_model_carries_the_compiled_shapes(tmp_path: Path) -> None:
+    """A serving signature with an unknown batch runs each compiled batch from the
+    SavedModel's own assets (the cache is gone), in a fresh process; another batch
+    is an InvalidArgumentError listing the compiled shapes."""
+    model = _mlp()
+    cache = tmp_path / "cache"
+    fast = compile(model, [tf.TensorSpec([None, 16])], batch_sizes=[1, 4], cache_dir=cache)
+
+    class Serving(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fast = fast
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], name="x")])
+        def predict(self, x: tf.Tensor) -> tf.Tensor:
+            return self.fast(x)
+
+    serving = Serving()
+    export = tmp_path / "export"
+    tf.saved_model.save(serving, str(export), signatures=serving.predict)
+    assert len(list((export / "assets").glob("*.so"))) == 2
+    shutil.rmtree(cache)
+
+    references = {}
+    for batch in (1, 4):
+        x = _inputs(batch, 16, seed=batch)
+        references[f"x{batch}"], references[f"y{batch}"] = x, model(x).numpy()
+    np.savez(tmp_path / "expected.npz", **references)
+    result = run_python(_LOAD_SAVED_MODEL_SCRIPT, str(export), str(tmp_path / "expected.npz"))
+    assert result.returncode == 0, result.stderr
+    assert "no library was compiled for the input shapes that follow; compiled: [[1, 16]]; [[4, 16]]" in result.stdout
+    assert "[3 16]" in result.stdout
+
+
+_COMPILE_ONCE_SCRIPT = textwrap.dedent("""
+    import logging, sys
+    import numpy as np, tensorflow as tf
+    from tf_op import compile
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    w = tf.constant(np.arange(32, dtype=np.float32).reshape(8, 4))
+    fast = compile(lambda x: tf.tanh(x @ w), [tf.TensorSpec([2, 8])], cache_dir=sys.argv[1])
+    np.testing.assert_allclose(fast(np.ones((2, 8), np.float32)).numpy(), np.tanh(np.ones((2, 8)) @ w.numpy()), rtol=1e-5)
+""")
+
+
+def test_processes_compiling_at_once_compile_once(tmp_path: Path) -> None:
+    """Two processes that miss the cache at the same time take turns: one compiles,
+    the other loads its library (a second compile would replace a library another
+    process has checked)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_ONCE_SCRIPT, str(tmp_path)], stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert sum("tf_op.bridge: TVM compiled" in log for log in logs) == 1, logs
+    assert sum("tf_op.bridge: cache hit" in log for log in logs) == 1, logs
+    assert len(_libraries(tmp_path)) == 1
