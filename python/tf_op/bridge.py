@@ -223,8 +223,12 @@ class CompiledFunction(tf.Module):
                                   for t, dims in zip(tensors, key)]) for key, _ in candidates]
         index = tf.reduce_min(tf.where(tf.stack(matches), tf.range(len(candidates)), len(candidates)))
 
+        # The branch gives its inputs their static shape with a reshape (a no-op:
+        # the index chose the branch whose shapes they have). Not tf.ensure_shape:
+        # in a Session (TF Serving, TF1), where the Case is lowered to Switch/Merge,
+        # the EnsureShape of branches not taken runs too and fails.
         def branch(key: Shapes, compiled: _Compiled) -> Callable[[], list[tf.Tensor]]:
-            return lambda: tf.nest.flatten(self._run(compiled, [tf.ensure_shape(t, dims) for t, dims in zip(tensors, key)]))
+            return lambda: tf.nest.flatten(self._run(compiled, [tf.reshape(t, dims) for t, dims in zip(tensors, key)]))
 
         def not_compiled() -> list[tf.Tensor]:
             listed = "; ".join(str([list(d) for d in key]) for key, _ in candidates)

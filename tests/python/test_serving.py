@@ -123,11 +123,11 @@ def test_allow_list_sees_through_symlinks(tmp_path: Path, testlib: str) -> None:
     assert done.stdout.strip().splitlines()[-1].startswith("refused"), done.stderr[-2000:]
 
 
-def signature_tensor_names(model: Path) -> tuple[str, list[str]]:
+def signature_tensor_names(model: Path, outputs: tuple[str, ...] = ("y", "z")) -> tuple[str, list[str]]:
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString((model / "saved_model.pb").read_bytes())
     signature = saved.meta_graphs[0].signature_def["serving_default"]
-    return signature.inputs["x"].name, [signature.outputs[k].name for k in ("y", "z")]
+    return signature.inputs["x"].name, [signature.outputs[k].name for k in outputs]
 
 
 def test_static_archive_runs_the_savedmodel(tmp_path: Path, testlib: str) -> None:
@@ -146,6 +146,42 @@ def test_static_archive_runs_the_savedmodel(tmp_path: Path, testlib: str) -> Non
     assert "linked in" in done.stderr
     y, z = ([float(v) for v in line.split()] for line in done.stdout.strip().splitlines())
     assert y == expected["y"] and z == expected["z"]
+
+
+
+def test_static_archive_serves_a_compiled_function(tmp_path: Path) -> None:
+    """tf_op.compile's SavedModel in the TF Serving path: the compiled batches run
+    from the model's assets, chosen by the request's shape; another batch is
+    refused with the list of compiled ones."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_op
+
+    fast = tf_op.compile(lambda x: tf.tanh(0.5 * x) + 1.0, [tf.TensorSpec([None])], batch_sizes=[3, 5],
+                         cache_dir=tmp_path / "cache")
+    holder = tf.Module()
+    holder.fast = fast
+    holder.serve = tf.function(lambda x: {"y": fast(x)}, input_signature=[tf.TensorSpec([None], name="x")])
+    model = tmp_path / "model"
+    tf.saved_model.save(holder, str(model), signatures=holder.serve)
+    shutil.rmtree(tmp_path / "cache")
+    input_name, (output_name,) = signature_tensor_names(model, outputs=("y",))
+
+    def serve(values: list[float]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(STATIC_PROGRAM), str(model), input_name, output_name, "--", *map(str, values)],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TVMDSOOP_LIBRARY_PATH": tvm_library_path(), "TVMDSOOP_LIBRARY": "/nonexistent/not-loaded.so"},
+        )
+
+    for batch in (3, 5):
+        x = np.linspace(-2, 2, batch, dtype=np.float32)
+        done = serve(x.tolist())
+        assert done.returncode == 0, done.stderr[-3000:]
+        np.testing.assert_allclose([float(v) for v in done.stdout.split()], np.tanh(0.5 * x) + 1.0, rtol=1e-5)
+    refused = serve([1.0, 2.0, 3.0, 4.0])
+    assert refused.returncode == 1
+    assert "compiled: [[3]]; [[5]]" in refused.stderr and "[4]" in refused.stderr
 
 
 KERAS_EXPORT_SCRIPT = textwrap.dedent(
