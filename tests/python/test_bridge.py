@@ -73,6 +73,21 @@ def test_keras_model_eager_and_in_tf_function(make_model, shape, tmp_path: Path)
     assert len(_libraries(tmp_path)) == 1  # the graph's trace reused the eager call's library
 
 
+
+def test_mobilenet_v2_logits(tmp_path: Path) -> None:
+    """A whole Keras application (depthwise convolutions, batch norm folded by the
+    converter, ReLU6, global pooling). Its random-init logits are tiny (~1e-10),
+    so the error is relative to their scale."""
+    keras.utils.set_random_seed(3)
+    model = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35,
+                                           classifier_activation=None)
+    x = _inputs(2, 96, 96, 3)
+    expected = model(x, training=False).numpy()
+    got = compile(model, cache_dir=tmp_path)(x).numpy()
+    assert got.shape == expected.shape == (2, 1000)
+    assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    assert np.argmax(got, axis=1).tolist() == np.argmax(expected, axis=1).tolist()
+
 def test_keras_input_signature_defaults_to_model_inputs(tmp_path: Path) -> None:
     model = _mlp()
     x = _inputs(2, 16)
