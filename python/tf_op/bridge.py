@@ -195,7 +195,9 @@ class CompiledFunction(tf.Module):
             with state.lock:
                 compiled = state.compiled.get(shapes)
                 if compiled is None:
-                    compiled = state.compiled[shapes] = self._build(shapes)
+                    # Out of any graph being traced: the converter runs eagerly.
+                    with tf.init_scope():
+                        compiled = state.compiled[shapes] = self._build(shapes)
                     self._funcs.append(compiled.func)
         return compiled
 

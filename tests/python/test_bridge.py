@@ -127,6 +127,16 @@ def test_none_batch_compiles_once_per_shape(tmp_path: Path) -> None:
     assert len(_libraries(tmp_path)) == 2
 
 
+
+def test_first_compile_inside_a_tf_function(tmp_path: Path) -> None:
+    """A shape first seen while a tf.function is traced compiles there (the
+    converter runs out of the graph being built)."""
+    model = _mlp()
+    fast = compile(model, [tf.TensorSpec([None, 16])], cache_dir=tmp_path)
+    graph = tf.function(lambda x: fast(x) + 1.0, input_signature=[tf.TensorSpec([3, 16])])
+    x = _inputs(3, 16)
+    np.testing.assert_allclose(graph(tf.constant(x)).numpy(), model(x).numpy() + 1.0, rtol=RTOL, atol=ATOL)
+
 def test_unknown_shape_inside_tf_function_is_an_error(tmp_path: Path) -> None:
     fast = compile(_mlp(), [tf.TensorSpec([None, 16])], cache_dir=tmp_path)
     graph = tf.function(fast, input_signature=[tf.TensorSpec([None, 16])])
