@@ -46,6 +46,12 @@ MODEL_BATCHES: Final = (1, 32)
 #: slope between the two is the cost of one call inside a graph).
 MODEL_CHAIN: Final = 50
 
+#: What the bridge comparison compiles with tf_op.compile (bench/compare.py
+#: bridge_models), in report order; timed at each batch of MODEL_BATCHES.
+BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")
+#: The compile cache of the bridge comparison, emptied at each run.
+BRIDGE_CACHE: Final = BUILD_DIR / "bridge_cache"
+
 #: Each key's goal: (comparison, bound). "<=" keys must stay at or below it.
 GOALS: Final[dict[str, tuple[str, float]]] = {
     "overhead_ratio_vs_tf_add": ("<=", 1.25),
@@ -53,6 +59,7 @@ GOALS: Final[dict[str, tuple[str, float]]] = {
     "speedup_vs_py_function": (">=", 10.0),
     "peak_rss_ratio_vs_tf_add": ("<=", 1.10),
     "model_ratio_vs_tvm_vm": ("<=", 1.05),
+    "bridge_ratio_vs_tf_cnn_b1": (">=", 1.5),
     "gpu_call_overhead_us": ("<=", 3.0),
     "gpu_bw_ratio_vs_d2d": (">=", 0.85),
 }

@@ -2,11 +2,13 @@
 
     python bench/compare.py {overhead,overhead_grappler,py_function,large} LIB OUT.json [--rounds N]
     python bench/compare.py model MODELS_DIR OUT.json [--rounds N]
+    python bench/compare.py bridge CACHE_DIR OUT.json [--rounds N]
 
 bench/run.py starts one process per comparison, so that contenders compared with
 each other share a process (and are timed interleaved, see timing.py) and no
 comparison inherits another's allocator or cache state. TVM's compiler is never
-imported here: the TVM function is called through the tvm_ffi runtime only.
+imported here: the TVM function is called through the tvm_ffi runtime only (the
+bridge comparison's tf_op.compile runs TVM in child processes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -434,12 +437,72 @@ def model_batch(models: Path, reference: Callable[..., tf.Tensor], batch: int, r
     return out
 
 
+def bridge_models() -> dict[str, tuple[Callable[..., tf.Tensor], UnaryOp, tuple[int, ...]]]:
+    """What the bridge comparison compiles: by name, what tf_op.compile takes, how
+    TF runs it (Keras models for inference), and its input shape after the batch."""
+    import keras
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "modules"))
+    from keras_cnn import INPUT_SHAPE, build_model
+
+    keras.utils.set_random_seed(0)
+    mlp = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+    mobilenet = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35,
+                                               classifier_activation=None)
+    rng = np.random.default_rng(0)
+    w, b = tf.constant(rng.standard_normal((64, 64)).astype(np.float32)), tf.constant(rng.standard_normal(64).astype(np.float32))
+
+    def math_ops(x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_mean(tf.nn.softplus(tf.tanh(x @ w + b) * 2.0 - x), axis=-1, keepdims=True)
+
+    def inference(model: keras.Model) -> UnaryOp:
+        return lambda x: model(x, training=False)
+
+    cnn = build_model()
+    return {"mlp": (mlp, inference(mlp), (256,)), "cnn": (cnn, inference(cnn), INPUT_SHAPE),
+            "mobilenetv2": (mobilenet, inference(mobilenet), (96, 96, 3)), "tf_function": (math_ops, math_ops, (64,))}
+
+
+def bridge(cache_dir: Path, rounds: int) -> Results:
+    """tf_op.compile against TensorFlow running the same model: each model at each
+    batch of MODEL_BATCHES, one model call per tf.function call on both sides,
+    timed interleaved. A ratio is TF's time / the compiled op's (above 1: TVM is
+    faster). The cache starts empty, so the compile time is a real compile."""
+    import shutil
+
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    out: Results = {"bridge_rounds": rounds}
+    for name, (fn, reference, shape) in bridge_models().items():
+        signature = [tf.TensorSpec([None, *shape])]
+        fast = tf_op.compile(fn, signature, cache_dir=cache_dir)
+        for batch in MODEL_BATCHES:
+            p = f"bridge_{name}_b{batch}_"
+            x = tf.constant(np.random.default_rng(batch).standard_normal((batch, *shape)).astype(np.float32))
+            started = time.perf_counter()
+            fast.compile_for(((batch, *shape),))
+            out[f"{p}compile_s"] = time.perf_counter() - started
+            static = [tf.TensorSpec(x.shape)]
+            native = graph_function(reference, static)
+            compiled = graph_function(fast, static)
+            want = native(x).numpy()
+            out[f"{p}max_rel_diff"] = float(np.max(np.abs(compiled(x).numpy() - want)) / np.max(np.abs(want)))
+            if out[f"{p}max_rel_diff"] > 1e-4:
+                raise AssertionError(f"{name}, batch {batch}: the compiled op is off TF by {out[p + 'max_rel_diff']:.2g}")
+            t = interleave({"tf": functools.partial(native, x), "tvm": functools.partial(compiled, x)},
+                           rounds=rounds, min_time=0.04)
+            out[f"bridge_ratio_vs_tf_{name}_b{batch}"] = t.ratio("tf", "tvm")
+            out[f"bridge_ratio_vs_tf_{name}_b{batch}_q1"], out[f"bridge_ratio_vs_tf_{name}_b{batch}_q3"] = t.ratio_spread("tf", "tvm")
+            out[f"{p}tf_us"], out[f"{p}tvm_us"] = t.median("tf") * 1e6, t.median("tvm") * 1e6
+    return out
+
+
 COMPARISONS: dict[str, Callable[[Path, int], Results]] = {
     "overhead": lambda lib, rounds: overhead(lib, rounds, fold=False),
     "overhead_grappler": lambda lib, rounds: overhead(lib, rounds, fold=True),
     "py_function": py_function,
     "large": large,
     "model": model,
+    "bridge": bridge,
 }
 
 

@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import (  # noqa: E402
+    BRIDGE_MODELS,
     CHAIN,
     GOALS,
     LARGE_KEY_SIZE,
@@ -43,6 +44,8 @@ KEYS: list[tuple[str, str]] = [
         "the same: TVMDSOOp per call / the Keras model per call, both in a tf.function, "
         f"the larger of batch {MODEL_BATCHES[0]} and {MODEL_BATCHES[-1]}",
     ),
+    ("bridge_ratio_vs_tf_cnn_b1", "`tf_op.compile` of the Keras CNN: TF's time / the compiled op's, batch 1, tf.function"),
+    ("bridge_ratio_vs_tf_mobilenetv2_b1", "the same for MobileNetV2 (alpha 0.35, 96x96), batch 1, untuned TVM"),
 ]
 
 
@@ -249,6 +252,17 @@ def _model_table(r: Results) -> list[str]:
     return lines
 
 
+def _bridge_table(r: Results) -> list[str]:
+    lines = ["| model | batch | TF µs per call | compiled op µs per call | TF / compiled [IQR] | compile s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name in BRIDGE_MODELS:
+        for b in MODEL_BATCHES:
+            p = f"bridge_{name}_b{b}_"
+            lines.append(f"| {name} | {b} | {_f(r[p + 'tf_us'], 0)} | {_f(r[p + 'tvm_us'], 0)} "
+                         f"| {_times(r, f'bridge_ratio_vs_tf_{name}_b{b}')} | {_f(r[p + 'compile_s'], 1)} |")
+    return lines
+
+
 def write_markdown(r: Results, path: Path, plot: Path, profile_notes: Path) -> None:
     """docs/benchmarks.md: how to run, what is compared, the results, the profile."""
     profile = profile_notes.read_text().strip() if profile_notes.is_file() else "_bench/profile.md is missing._"
@@ -365,6 +379,16 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
    (within 1e-5). TVM's kernels here are serial (`tvm.compile`'s default CPU pipeline
    does not parallelise them), while TensorFlow runs Keras's convolutions on its
    intra-op threads: the Keras ratio moves with how many CPUs are free.
+8. **`tf_op.compile` against TensorFlow** (`bridge_ratio_vs_tf_*`): each model of
+   `bench/compare.py`'s `bridge_models` (a Keras MLP 256-512-10, the CNN of 7,
+   MobileNetV2 with `weights=None, input_shape=(96, 96, 3), alpha=0.35`, and a
+   `tf.function` of math ops on [B, 64]) compiled with `tf_op.compile` at batch
+   {" and ".join(str(b) for b in MODEL_BATCHES)} into an emptied cache (the compile
+   time is a real compile, TVM in its child process), then one call per
+   `tf.function` call on both sides, in the same rounds: TF running the model
+   (Keras with `training=False`) against the compiled op. A ratio is TF's time / the
+   op's: above 1, the compiled model is faster. Outputs are checked against TF's
+   first (relative error at most 1e-4).
 
 ## Results
 
@@ -413,6 +437,16 @@ and free 0.9 (four allocations: the input's wrapper and TVM Tensor, the output's
 DLPack view and TF buffer), other libc 0.7, the op's code and tvm_ffi 0.6; and TF's
 idle pool threads spin about 4.5 µs a call on the other CPU, which a 2-CPU machine
 feels. Fewer allocations in `CallReturning` (kernels/tvm_dso_op.cc) is the next step.
+
+### `tf_op.compile` against TensorFlow (8)
+
+{chr(10).join(_bridge_table(r))}
+
+Untuned TVM (`tvm.compile`'s default CPU pipeline, the portable `x86-64` target)
+against TensorFlow's own kernels: it wins on the small CNN and on elementwise math
+at batch 1 and loses on dense layers and MobileNetV2, badly at batch 32, where
+TensorFlow's oneDNN kernels use every core and vector extension. See docs/bridge.md
+for when not to use it.
 
 ### Memory (5)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from common import (
     BENCH_DIR,
+    BRIDGE_CACHE,
     BUILD_DIR,
     DOC,
     GOALS,
