@@ -1,7 +1,8 @@
 # make demo   compile a TVM function and run it inside TensorFlow
 # make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
 # make build  the op library, build/libtvm_dso_op.so
-# make bench  side-by-side benchmarks: build/bench/results.json, docs/benchmarks.md
+# make bench  side-by-side benchmarks: build/bench/results.json and benchmarks.md
+# make bench-publish  the last make bench's results into docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
 # make fuzz         longer fuzzing: the checks before loading, the Go argument frames
@@ -15,7 +16,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-tf test-matrix test-go test-python test-gpu go-examples run-go-examples demo bench fuzz run-fuzz clean
+.PHONY: all setup build test test-tf test-matrix test-go test-python test-gpu go-examples run-go-examples demo bench bench-publish fuzz run-fuzz clean
 
 all: build
 
@@ -100,6 +101,9 @@ run-fuzz:
 
 bench: build
 	$(PYTHON) bench/run.py
+
+bench-publish: setup
+	$(PYTHON) bench/run.py --publish
 
 clean:
 	rm -rf $(BUILD) build-tf*

@@ -284,6 +284,7 @@ numpy {r["version_numpy"]}; commit {r["git_commit"]}. Every figure is for the CP
 
 ```sh
 make bench                      # builds the op library first; {_f(r.get("bench_seconds", 0.0), 0)} s on this machine
+make bench-publish              # the last results into docs/benchmarks.md and benchmarks.png
 .venv/bin/python bench/run.py --quick   # fewer rounds, for trying changes out
 ```
 
@@ -292,7 +293,8 @@ It compiles the add-one function once with TVM in its own process
 never enter a TensorFlow process), runs each comparison in one fresh process
 (`bench/compare.py`), measures memory in fresh processes (`bench/memory.py`), and
 writes `build/bench/results.json` (flat: every key below, the per-size details, the
-machine and the versions), this page and [benchmarks.png](benchmarks.png).
+machine and the versions) and this page and its plot into `build/bench/`, changing
+no tracked file; `make bench-publish` writes them here.
 
 How figures are taken (`bench/timing.py`): each contender is warmed up, then called
 enough times per timing to last 30–40 ms; the contenders of a comparison are timed

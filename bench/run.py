@@ -1,14 +1,16 @@
 """make bench: TVMDSOOp side by side with what it replaces, on the CPU.
 
-    .venv/bin/python bench/run.py [--quick] [--rounds N] [--report-only]
+    .venv/bin/python bench/run.py [--quick] [--rounds N] [--publish]
 
 Builds the add-one TVM module once (examples/build_add_one.py, in its own process)
 and the demo's Keras CNN as Relax VM libraries (tests/modules/keras_cnn.py with
 TensorFlow, then tests/modules/build_models.py with TVM, each in its own
 process), runs each comparison in one fresh process (bench/compare.py:
 contenders timed interleaved, medians of per-round ratios), measures peak memory
-in fresh processes (bench/memory.py), then writes build/bench/results.json,
-docs/benchmarks.md and docs/benchmarks.png (bench/report.py) and prints a summary.
+in fresh processes (bench/memory.py), then writes build/bench/results.json and
+its report, build/bench/benchmarks.md and .png (bench/report.py), and prints a
+summary. It changes no tracked file: ``--publish`` (make bench-publish) measures
+nothing and writes the last results into docs/benchmarks.md and its plot.
 
 This process imports neither TensorFlow nor TVM.
 """
@@ -299,10 +301,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and memory processes")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 15, quick 5)")
     parser.add_argument(
-        "--report-only", action="store_true", help=f"rewrite the docs from {RESULTS.relative_to(ROOT)}, measure nothing"
+        "--publish", action="store_true",
+        help=f"write {RESULTS.relative_to(ROOT)} into {DOC.relative_to(ROOT)} and its plot, measure nothing",
     )
     args = parser.parse_args(argv)
-    if args.report_only:
+    if args.publish:
         stored: Results = json.loads(RESULTS.read_text())
         write_markdown(stored, DOC, PLOT, PROFILE_NOTES)
         print(summary(stored))
@@ -327,9 +330,10 @@ def main(argv: list[str]) -> None:
     if missing:
         raise SystemExit(f"bench: no figure for {', '.join(missing)}")
     RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
-    write_markdown(results, DOC, PLOT, PROFILE_NOTES)
+    write_markdown(results, BUILD_DIR / DOC.name, BUILD_DIR / PLOT.name, PROFILE_NOTES)
     print(summary(results))
-    print(f"wrote {RESULTS.relative_to(ROOT)}, {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
+    print(f"wrote {RESULTS.relative_to(ROOT)} and its report, {(BUILD_DIR / DOC.name).relative_to(ROOT)}; "
+          "`make bench-publish` puts them in docs/")
     print(f"bench: {results['bench_seconds']} s")
 
 
