@@ -57,14 +57,11 @@ func readEmbeddedModules(f *elf.File, symbols []elf.Symbol) ([]embeddedModule, e
 		if sym.Name != libraryBinSymbol || sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if int(sym.Section) >= len(f.Sections) {
-			return nil, fmt.Errorf("%s is in section %d of %d", libraryBinSymbol, sym.Section, len(f.Sections))
+		bin, err := symbolData(f, sym)
+		if err != nil {
+			return nil, err
 		}
-		sec := f.Sections[sym.Section]
-		if sec.Type != elf.SHT_PROGBITS || sym.Value < sec.Addr || sym.Value-sec.Addr > sec.Size || sym.Size > sec.Size-(sym.Value-sec.Addr) {
-			return nil, fmt.Errorf("%s lies outside its section's contents", libraryBinSymbol)
-		}
-		return parseEmbeddedModules(io.NewSectionReader(sec, int64(sym.Value-sec.Addr), int64(sym.Size)))
+		return parseEmbeddedModules(bin)
 	}
 	return nil, nil
 }

@@ -92,9 +92,10 @@ func (s *sealedLibrary) close() { s.file.Close() }
 // elfMachines is the ELF machine of each architecture Go builds this for.
 var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
 
-// check refuses what the loader must not see (ErrNotALibrary), read with Go's
-// ELF reader, which never runs anything, lists the __tvm_ffi_ symbols that are
-// data, and reads which modules the library embeds. The loader's own checks come
+// check refuses what the loader must not see (ErrNotALibrary) and code this CPU
+// cannot run (ErrUnsupportedCPU), read with Go's ELF reader, which never runs
+// anything, lists the __tvm_ffi_ symbols that are data, and reads which modules
+// the library embeds. The loader's own checks come
 // after; a corrupted relocation or constructor passes these.
 func (s *sealedLibrary) check() (err error) {
 	defer func() {
@@ -139,7 +140,11 @@ func (s *sealedLibrary) check() (err error) {
 	// Unreadable serialized modules are no reason to refuse the library here:
 	// TVM's loader reads them too, and says what is wrong with them.
 	s.embedded, _ = readEmbeddedModules(f, symbols)
-	return nil
+	cpuFlags, err := readCPUFlags(f, symbols)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
+	}
+	return checkCPUFlags(cpuFlags)
 }
 
 // embeds returns the library's embedded module of that kind, if it has one.

@@ -142,7 +142,7 @@ func statusCode(err error) int {
 		return codeNotFound
 	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrRuntimeVersion),
 		errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
-		errors.Is(err, dsoop.ErrCUDASourceNotCompiled):
+		errors.Is(err, dsoop.ErrCUDASourceNotCompiled), errors.Is(err, dsoop.ErrUnsupportedCPU):
 		return codeFailedPrecondition
 	case errors.Is(err, dsoop.ErrDigestMismatch), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied

@@ -46,7 +46,7 @@ DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 
 #: Part of every cache key: raise it when what a cache entry holds, or how it is
 #: made, changes, so that old entries are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 #: How many lines of the worker's stderr a CompileError shows.
 _STDERR_TAIL_LINES = 40

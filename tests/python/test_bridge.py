@@ -313,3 +313,24 @@ def test_processes_compiling_at_once_compile_once(tmp_path: Path) -> None:
     assert sum("tf_op.bridge: TVM compiled" in log for log in logs) == 1, logs
     assert sum("tf_op.bridge: cache hit" in log for log in logs) == 1, logs
     assert len(_libraries(tmp_path)) == 1
+
+
+_HOST_FLAGS = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split()) \
+    if Path("/proc/cpuinfo").is_file() and re.search(r"^flags", Path("/proc/cpuinfo").read_text(), re.M) else set()
+#: CPUs newer than most machines, with a flag their libraries record.
+_NEWER_CPUS = [("skylake-avx512", "avx512f"), ("sapphirerapids", "amx_tile")]
+_LACKED = next(((cpu, flag) for cpu, flag in _NEWER_CPUS if _HOST_FLAGS and flag not in _HOST_FLAGS), None)
+
+
+@pytest.mark.skipif(_LACKED is None, reason="needs an x86 CPU without AVX-512 or without AMX, listed in /proc/cpuinfo")
+def test_library_for_a_newer_cpu_is_refused_not_run(tmp_path: Path) -> None:
+    """A host-tuned target's library records the extensions it may use; on a CPU
+    without one it is refused before it loads (it would die of an illegal
+    instruction), with an error naming what is missing, and the process lives on."""
+    cpu, flag = _LACKED
+    fast = compile(lambda x: tf.tanh(x) * 2.0, [tf.TensorSpec([64])], target={"kind": "llvm", "mcpu": cpu},
+                   cache_dir=tmp_path)
+    with pytest.raises(tf.errors.FailedPreconditionError, match=rf"it uses .*\b{flag}\b.*which this CPU does not have"):
+        fast(np.ones(64, np.float32))
+    portable = compile(lambda x: tf.tanh(x) * 2.0, [tf.TensorSpec([64])], cache_dir=tmp_path)
+    np.testing.assert_allclose(portable(np.ones(64, np.float32)).numpy(), np.tanh(np.ones(64)) * 2.0, rtol=RTOL)
