@@ -659,12 +659,15 @@ class TVMDSOOpKernel : public CallKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int num_in = ctx->num_inputs() - 2;  // then output_dims and library
+    // A vector names the libraries of the function's gradient after its own:
+    // they ride along so that SavedModels carry them; only the first is called.
     const Tensor& library = ctx->input(num_in + 1);
-    OP_REQUIRES(ctx, library.dims() == 0,
+    OP_REQUIRES(ctx, library.dims() == 0 || (library.dims() == 1 && library.NumElements() > 0),
                 errors::InvalidArgument(type_string(), ": function '", func_name(),
-                                        "': library must be a scalar string, got shape ",
+                                        "': library must be a scalar string (or a vector whose "
+                                        "first element is the library), got shape ",
                                         library.shape().DebugString()));
-    const tensorflow::tstring& lib_path = library.scalar<tensorflow::tstring>()();
+    const tensorflow::tstring& lib_path = library.flat<tensorflow::tstring>()(0);
     OP_REQUIRES(ctx, std::memchr(lib_path.data(), 0, lib_path.size()) == nullptr,
                 errors::InvalidArgument(type_string(), ": function '", func_name(),
                                         "': the library path holds a NUL byte"));
@@ -786,7 +789,7 @@ Status TVMDSOOpShape(InferenceContext* c) {
   const int num_in = c->num_inputs() - 2;
   ShapeHandle unused;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in + 1), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(num_in + 1), 1, &unused));
   // A function that returns its outputs gives them the shapes it likes: only
   // what output_shapes declares is known (-1 dimensions stay unknown).
   bool returns = false;
@@ -869,6 +872,9 @@ REGISTER_OP("TVMDSOOp")
     .Attr("output_shapes: list(shape)")
     .Attr("alignment: int = 64")
     .Attr("returns: bool = false")
+    .Attr("grad_func: string = ''")
+    .Attr("grad_lib_sha256: string = ''")
+    .Attr("grad_returns: bool = false")
     .SetShapeFn(TVMDSOOpShapeWithContext)
     .Doc(R"doc(
 Calls function `func_name` of the TVM module at path `library` with the inputs,
@@ -877,8 +883,13 @@ of a whole model (a Relax VM executable), or any function when `returns` is true
 takes the inputs only and returns the outputs.
 
 library: the library's path, a scalar; a tensor so that SavedModels can carry the
-  library as an asset and find it wherever they are loaded.
+  library as an asset and find it wherever they are loaded. A vector: the
+  library, then the library of the gradient function (carried, never called here).
 lib_sha256: the SHA-256 (hex) the library must have; empty for no check.
+grad_func: the function giving the gradient (tf_op's registered gradient calls
+  it); empty when the op has none. It is in the op's own library, or in
+  library[1] when `library` is a vector, whose SHA-256 is `grad_lib_sha256`.
+grad_returns: the gradient function returns its outputs.
 output_dims: the sizes of the output dimensions given as -1 in `output_shapes`, in
   order (empty when every shape is static).
 output_shapes: one per output; an unknown rank means the first input's shape

@@ -7,13 +7,14 @@
 Each call adds a TVMDSOOp to the graph (or runs it, in eager mode). TensorFlow's
 buffers go to TVM as DLPack tensors without a copy.
 
-Importing the package loads the op library, so that graphs and SavedModels holding
-TVMDSOOp nodes load and run after a plain ``import tf_op``.
+Importing the package loads the op library and registers the op's gradient, so
+that graphs and SavedModels holding TVMDSOOp nodes load, run and train after a
+plain ``import tf_op``.
 """
 
 from types import ModuleType
 
-from tf_op import _library
+from tf_op import _library, gradients  # noqa: F401 - registers TVMDSOOp's gradient
 from tf_op._library import BuildMismatchError, library_path
 from tf_op._version import __version__
 from tf_op.bridge import CompileError, compile  # noqa: A004 - tf_op.compile is the API

@@ -117,6 +117,7 @@ class Module(tf.Module):
         output_dtypes: Sequence[DTypeLike] | None = None,
         device: str | None = None,
         returns: bool | None = None,
+        grad: str | Func | None = None,
     ) -> Func:
         """The function ``name`` of the module, as a callable that adds a TVMDSOOp.
 
@@ -141,13 +142,23 @@ class Module(tf.Module):
             placement (``with tf.device(...)``).
           returns: whether the function returns its outputs. None: only when the
             library is a whole model (which ``False`` cannot change).
+          grad: the function giving the gradient, so that TensorFlow can
+            differentiate through this one (docs/usage.md, "Training"): the name
+            of a function of this module, made like this one (same alignment,
+            returning or not), or a ``Func`` of any module; a function of another
+            module travels with SavedModels as an asset of its own. It is called
+            with the inputs, the outputs and one upstream gradient per output,
+            and gives one gradient per floating-point or complex input, in order.
         """
         if self.is_model and returns is False:
             raise ValueError(f"tf_op: {self.lib_path} is a whole model: its function {name!r} returns its outputs")
+        returns = bool(returns) or self.is_model
+        if isinstance(grad, str):
+            grad = Func(self, grad, None, None, alignment, device=device, returns=returns)
         return Func(
             self, name, output_shape, output_dtype, alignment,
             output_shapes=output_shapes, output_dtypes=output_dtypes, device=device,
-            returns=bool(returns) or self.is_model,
+            returns=returns, grad=grad,
         )
 
     def __getitem__(self, name: str) -> Func:
@@ -208,6 +219,7 @@ class Func(tf.Module):
         output_dtypes: Sequence[DTypeLike] | None = None,
         device: str | None = None,
         returns: bool = False,
+        grad: Func | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -215,6 +227,11 @@ class Func(tf.Module):
         self.func_name = name
         if not isinstance(name, str) or not name or "\0" in name:
             raise ValueError(f"tf_op: function name must be a non-empty string without NUL bytes, got {name!r}")
+        if grad is not None and not isinstance(grad, Func):
+            raise TypeError(f"tf_op: {self}: grad must be a function name or a tf_op.Func, got {type(grad).__name__}")
+        #: The function giving this one's gradient; tracked, so that SavedModels
+        #: carry its library too.
+        self.grad = grad
         if not _is_int(alignment) or not 1 <= alignment <= _MAX_ALIGNMENT or alignment & (alignment - 1):
             raise ValueError(
                 f"tf_op: {self}: alignment must be a power of two from 1 to {_MAX_ALIGNMENT}, got {alignment!r}"
@@ -273,18 +290,32 @@ class Func(tf.Module):
                 shapes.append(static)
                 dims.extend(dynamic)
             output_dims = tf.concat(dims, axis=0) if dims else _no_dims()
+            library, grad_attrs = self._library_and_grad()
             outputs = _library.load().tvmdso_op(
                 args=inputs,
                 output_dims=output_dims,
-                library=self.module.library_path,
+                library=library,
                 Tout=dtypes,
                 output_shapes=shapes,
                 func_name=self.func_name,
                 lib_sha256=self.module.sha256,
                 alignment=self.alignment,
                 returns=self.returns,
+                **grad_attrs,
             )
         return tuple(outputs) if self.multiple_outputs else outputs[0]
+
+    def _library_and_grad(self) -> tuple[tf.Tensor, dict[str, Any]]:
+        """The op's ``library`` input and its gradient attrs (tf_op.gradients reads
+        them). A gradient in another library adds that library's path to the input,
+        a vector then, so that a SavedModel holds it as an asset too."""
+        if self.grad is None:
+            return self.module.library_path, {}
+        attrs = {"grad_func": self.grad.func_name, "grad_returns": self.grad.returns}
+        if self.grad.module.lib_path == self.module.lib_path:
+            return self.module.library_path, attrs
+        attrs["grad_lib_sha256"] = self.grad.module.sha256
+        return tf.stack([self.module.library_path, self.grad.module.library_path]), attrs
 
     def __repr__(self) -> str:
         return f"function {self.func_name!r} of {self.module.lib_path}"
