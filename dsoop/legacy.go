@@ -14,11 +14,11 @@ import (
 	"unsafe"
 )
 
-// ErrLegacyUnsupported means a library built by TVM 0.8-0.20 asks for something
-// of its runtime that dsoop does not provide: it embeds modules that only the
-// old runtime rebuilt (CUDA code, say), or it calls back through a context
-// symbol dsoop does not know.
-var ErrLegacyUnsupported = errors.New("a library of TVM <= 0.20 that dsoop cannot run")
+// ErrLegacyUnsupported means a library built by TVM 0.8-0.21 that dsoop does not
+// run: it embeds modules that only the old runtime rebuilt (CUDA code, say), it
+// calls back through a context symbol dsoop does not know, or it was built by
+// TVM 0.21 (a hybrid of the two ABIs). It is found before anything of it runs.
+var ErrLegacyUnsupported = errors.New("a library of TVM <= 0.21 that dsoop cannot run")
 
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
 // code, such as CUDA kernels), serialized for the old runtime to rebuild.
@@ -28,32 +28,41 @@ const legacyDevBlobSymbol = "__tvm_dev_mblob"
 // of the entry function, the module context pointer, the embedded modules.
 var legacyMarkers = map[string]bool{"__tvm_main__": true, "__tvm_module_ctx": true, legacyDevBlobSymbol: true}
 
-// legacyABI is what the dynamic symbols of a library built by TVM 0.8-0.20 say:
-// such a library exports its functions under their own names in the legacy
-// calling convention, and calls back into its runtime through context pointers.
+// legacyABI is what the dynamic symbols of a library built by TVM 0.8-0.21 say:
+// such a library exports its functions under their own names, and calls back
+// into its runtime through context pointers.
 type legacyABI struct {
 	functions map[string]bool // the functions it exports
 	context   []string        // its context pointers, for dsoop_legacy_open to fill
 	devBlob   bool            // it embeds modules (__tvm_dev_mblob)
+	// tvm021: built by TVM 0.21, whose functions, under their own names, take
+	// TVM-FFI's calling convention, with context symbols of both ABIs.
+	tvm021 bool
 }
 
-// readLegacyABI tells a library of TVM 0.8-0.20 from its defined dynamic
-// symbols: a legacy marker or context pointer, and no TVM-FFI export (TVM >= 0.21
-// exports __tvm_ffi_ symbols and is loaded by TVM's own loader). nil for any
-// other library.
+// tvm021Symbols are the names TVM 0.21 gave a library's module context and
+// embedded modules; tvm-ffi's loader looks for __tvm_ffi__library_ctx and
+// __tvm_ffi__library_bin today.
+var tvm021Symbols = map[string]bool{"__tvm_ffi_library_ctx": true, "__tvm_ffi_library_bin": true}
+
+// readLegacyABI tells a library of TVM 0.8-0.21 from its defined dynamic
+// symbols: a legacy marker or context pointer (or TVM 0.21's module context),
+// and no function exported to TVM-FFI (__tvm_ffi_<name>: TVM >= 0.22, and
+// libraries of tvm-ffi, which TVM's own loader loads). nil for any other library.
 func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 	abi := &legacyABI{functions: map[string]bool{}}
-	marked := false
+	marked, ffi := false, false
 	for _, sym := range symbols {
 		if sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if strings.HasPrefix(sym.Name, ffiSymbolPrefix) {
-			return nil
-		}
 		code := elf.ST_TYPE(sym.Info) == elf.STT_FUNC || elf.ST_TYPE(sym.Info) == elf.STT_GNU_IFUNC
 		exported := elf.ST_BIND(sym.Info) == elf.STB_GLOBAL || elf.ST_BIND(sym.Info) == elf.STB_WEAK
 		switch {
+		case tvm021Symbols[sym.Name]:
+			abi.tvm021 = true
+		case strings.HasPrefix(sym.Name, ffiSymbolPrefix):
+			ffi = true
 		case legacyMarkers[sym.Name]:
 			marked = true
 			abi.devBlob = abi.devBlob || sym.Name == legacyDevBlobSymbol
@@ -69,7 +78,7 @@ func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 			abi.functions[sym.Name] = true
 		}
 	}
-	if !marked {
+	if ffi || !(marked || abi.tvm021) {
 		return nil
 	}
 	return abi
@@ -79,6 +88,11 @@ func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 // user's name of it) with its context pointers filled.
 func openLegacy(s *sealedLibrary, path string) (*C.DsoopLegacyLibrary, error) {
 	abi := s.legacy
+	if abi.tvm021 {
+		return nil, fmt.Errorf("%w: it was built by TVM 0.21, whose functions take TVM-FFI's calling convention under "+
+			"their own names, which neither today's TVM-FFI loader nor dsoop's loader of older libraries calls: "+
+			"rebuild it with TVM >= 0.22", ErrLegacyUnsupported)
+	}
 	if abi.devBlob {
 		return nil, fmt.Errorf("%w: it embeds modules (%s) that only the runtime of TVM <= 0.20 rebuilds, such as "+
 			"CUDA code or a graph executor; dsoop runs the CPU functions of such libraries: rebuild it with TVM >= 0.22",

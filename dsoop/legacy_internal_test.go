@@ -51,8 +51,21 @@ func TestReadLegacyABI(t *testing.T) {
 			want:    &legacyABI{functions: map[string]bool{"f": true}, devBlob: true},
 		},
 		{
-			name:    "TVM-FFI exports: TVM >= 0.21, loaded by TVM's loader",
+			name: "TVM 0.21: TVM-FFI's convention under bare names",
+			symbols: []elf.Symbol{
+				pointer("__tvm_ffi_library_ctx"), pointer("__TVMFFIFunctionCall"), fn("add_one"),
+			},
+			want: &legacyABI{
+				functions: map[string]bool{"add_one": true}, context: []string{"__TVMFFIFunctionCall"}, tvm021: true,
+			},
+		},
+		{
+			name:    "TVM-FFI exports: TVM >= 0.22, loaded by TVM's loader",
 			symbols: []elf.Symbol{pointer("__TVMBackendParallelLaunch"), fn("__tvm_ffi_add_one")},
+		},
+		{
+			name:    "an early tvm-ffi library, with 0.21's context name",
+			symbols: []elf.Symbol{pointer("__tvm_ffi_library_ctx"), fn("__tvm_ffi_add_one")},
 		},
 		{
 			name:    "a plain library",

@@ -283,6 +283,13 @@ const char __tvm_dev_mblob[16] = {0};
 int f(void) { return 0; }`,
 			message: "__tvm_dev_mblob",
 		},
+		{
+			name: "TVM 0.21, a hybrid of the two ABIs",
+			source: `void* __tvm_ffi_library_ctx = 0;
+void* __TVMFFIErrorSetRaisedFromCStr = 0;
+int add_one(void* self, const void* args, int n, void* result) { return 0; }`,
+			message: "TVM 0.21",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
