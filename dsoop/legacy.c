@@ -238,9 +238,11 @@ int dsoop_legacy_open(const char* path, const char* name, const char* const* con
 enum { kStackArgs = 16 };
 
 // Converts one TVM-FFI argument to the legacy convention; -1 (raised) for a type
-// that has no counterpart there.
+// that has no counterpart there. A bool tensor is passed through view, a copy of
+// its DLTensor with the dtype old TVM gave booleans: uint1, one byte a value
+// (DLPack's bool, which TF passes, is kDLBool of 8 bits, same bytes).
 static int to_legacy(const LegacyFunction* f, int32_t i, const TVMFFIAny* in, LegacyValue* value,
-                     int* code) {
+                     int* code, DLTensor* view) {
   value->v_int64 = in->v_int64;  // every POD payload: the unions share their layout
   switch (in->type_index) {
     case kTVMFFINone: *code = kLegacyNull; value->v_handle = NULL; return 0;
@@ -252,15 +254,24 @@ static int to_legacy(const LegacyFunction* f, int32_t i, const TVMFFIAny* in, Le
     case kTVMFFIOpaquePtr: *code = kLegacyOpaqueHandle; return 0;
     case kTVMFFIDataType: *code = kLegacyDataType; return 0;
     case kTVMFFIDevice: *code = kLegacyDevice; return 0;
-    case kTVMFFIDLTensorPtr: *code = kLegacyDLTensorHandle; return 0;
     case kTVMFFIRawStr: *code = kLegacyStr; return 0;
     // A TVMFFIByteArray is a TVMByteArray: data, then size.
     case kTVMFFIByteArrayPtr: *code = kLegacyBytes; return 0;
-    case kTVMFFITensor:
+    case kTVMFFIDLTensorPtr:
+    case kTVMFFITensor: {
       // A Tensor object's DLTensor follows its header.
+      DLTensor* t = in->type_index == kTVMFFITensor ? (DLTensor*)((char*)in->v_obj + sizeof(TVMFFIObject))
+                                                     : (DLTensor*)in->v_ptr;
+      if (t != NULL && t->dtype.code == kDLBool && t->dtype.bits == 8) {
+        *view = *t;
+        view->dtype.code = kDLUInt;
+        view->dtype.bits = 1;
+        t = view;
+      }
       *code = kLegacyDLTensorHandle;
-      value->v_handle = (char*)in->v_obj + sizeof(TVMFFIObject);
+      value->v_handle = t;
       return 0;
+    }
     default: {
       char msg[512];
       snprintf(msg, sizeof(msg),
@@ -306,21 +317,25 @@ static int legacy_call(void* self, const TVMFFIAny* args, int32_t num_args, TVMF
   const LegacyFunction* f = (const LegacyFunction*)self;
   LegacyValue stack_values[kStackArgs];
   int stack_codes[kStackArgs];
+  DLTensor stack_views[kStackArgs];
   LegacyValue* values = stack_values;
   int* codes = stack_codes;
+  DLTensor* views = stack_views;
   if (num_args > kStackArgs) {
     values = (LegacyValue*)malloc(sizeof(LegacyValue) * (size_t)num_args);
     codes = (int*)malloc(sizeof(int) * (size_t)num_args);
-    if (values == NULL || codes == NULL) {
+    views = (DLTensor*)malloc(sizeof(DLTensor) * (size_t)num_args);
+    if (values == NULL || codes == NULL || views == NULL) {
       free(values);
       free(codes);
+      free(views);
       ffi.error_set_raised_from_cstr("MemoryError", "out of memory for the arguments of a call");
       return -1;
     }
   }
   int rc = 0;
   for (int32_t i = 0; i < num_args && rc == 0; ++i) {
-    rc = to_legacy(f, i, &args[i], &values[i], &codes[i]);
+    rc = to_legacy(f, i, &args[i], &values[i], &codes[i], &views[i]);
   }
   if (rc == 0) {
     LegacyValue ret = {0};
@@ -332,6 +347,7 @@ static int legacy_call(void* self, const TVMFFIAny* args, int32_t num_args, TVMF
   if (values != stack_values) {
     free(values);
     free(codes);
+    free(views);
   }
   return rc;
 }

@@ -138,6 +138,20 @@ func TestLegacyFunctionsComputeValues(t *testing.T) {
 			expect: []float32{11, 22},
 		},
 		{
+			name: "bool out (old TVM's uint1)", lib: "legacy.so", fn: "is_positive",
+			call: func(t *testing.T, f *dsoop.Func) any {
+				return callInto[bool](t, f, 3, nil, mustTensor(t, []float32{1, -2, 0}))
+			},
+			expect: []bool{true, false, false},
+		},
+		{
+			name: "bool in", lib: "legacy.so", fn: "mask_select",
+			call: func(t *testing.T, f *dsoop.Func) any {
+				return callInto[float32](t, f, 3, nil, mustTensor(t, []bool{true, false, true}), mustTensor(t, []float32{1, 2, 3}))
+			},
+			expect: []float32{1, 0, 3},
+		},
+		{
 			name: "int32 in, float64 out", lib: "legacy.so", fn: "cast_int",
 			call: func(t *testing.T, f *dsoop.Func) any {
 				return callInto[float64](t, f, 2, nil, mustTensor(t, []int32{3, -4}))

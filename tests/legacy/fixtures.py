@@ -72,6 +72,23 @@ def cast_int() -> tuple[te.Schedule, list[te.Tensor]]:
     return te.create_schedule(b.op), [a, b]
 
 
+def is_positive() -> tuple[te.Schedule, list[te.Tensor]]:
+    """A bool output: old TVM's bool is uint1 (one byte a value), TF's DLPack bool."""
+    n = te.var("n")
+    a = te.placeholder((n,), name="a", dtype="float32")
+    b = te.compute((n,), lambda i: a[i] > 0.0, name="b")
+    return te.create_schedule(b.op), [a, b]
+
+
+def mask_select() -> tuple[te.Schedule, list[te.Tensor]]:
+    """A bool input: a where mask, else 0."""
+    n = te.var("n")
+    mask = te.placeholder((n,), name="mask", dtype="bool")
+    a = te.placeholder((n,), name="a", dtype="float32")
+    b = te.compute((n,), lambda i: tvm.tir.Select(mask[i], a[i], tvm.tir.const(0.0, "float32")), name="b")
+    return te.create_schedule(b.op), [mask, a, b]
+
+
 def extern_call() -> tuple[te.Schedule, list[te.Tensor]]:
     """Calls a packed function of its runtime, as extern calls (cblas, ...) do:
     through __TVMBackendGetFuncFromEnv with __tvm_module_ctx, then __TVMFuncCall."""
@@ -84,7 +101,7 @@ def extern_call() -> tuple[te.Schedule, list[te.Tensor]]:
     return te.create_schedule(b.op), [a, b]
 
 
-LEGACY_FUNCTIONS = [add_one, row_sum, scale_parallel, two_stage, add_pair, cast_int, extern_call]
+LEGACY_FUNCTIONS = [add_one, row_sum, scale_parallel, two_stage, add_pair, cast_int, is_positive, mask_select, extern_call]
 
 
 def main(out: Path) -> None:

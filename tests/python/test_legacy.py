@@ -4,6 +4,8 @@ and through graphs of the old TvmDsoOp. The libraries were built by TVM 0.18
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,9 +44,11 @@ V = RNG.standard_normal(1000).astype(np.float32)
         ("legacy.so", "two_stage", [V], None, None, lambda v: (v * v)[::-1] + 2),
         ("legacy.so", "add_pair", [V, V[::-1].copy()], None, None, lambda a, b: a + b),
         ("legacy.so", "cast_int", [np.arange(-5, 5, dtype=np.int32)], None, "float64", lambda a: a * 0.5),
+        ("legacy.so", "is_positive", [V], None, "bool", lambda v: v > 0),
+        ("legacy.so", "mask_select", [V > 0.5, V], None, "float32", lambda m, v: np.where(m, v, 0)),
     ],
     ids=["elementwise", "one-function tvm.build", "reduction", "parallel loop", "workspace memory", "two inputs",
-         "int32 to float64"],
+         "int32 to float64", "bool output", "bool input"],
 )
 def test_functions_match_numpy(lib: str, name: str, inputs: list[np.ndarray], output_shape, output_dtype,
                                expected: Callable[..., np.ndarray]) -> None:
@@ -134,3 +138,17 @@ def test_old_tvmdsoop_graphdef_error_is_a_tf_error() -> None:
                          inputs=[("x", tf.float32), ("y", tf.float32)])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"add_pair\.b\.shape\[0\] has an unsatisfied"):
         run_graph(graph, {"x:0": V, "y:0": V[:5]})
+
+
+def test_library_embedding_old_modules_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """A library of old TVM that embeds modules only the old runtime rebuilt (CUDA
+    code, a graph executor): refused, as InvalidArgumentError, naming the blob."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the stand-in library (the op library's build needs one too)"
+    (tmp_path / "old.c").write_text(
+        "void* __TVMAPISetLastError = 0;\nconst char __tvm_dev_mblob[16] = {0};\nint f(void) { return 0; }\n"
+    )
+    lib = tmp_path / "old.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "old.c")], check=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"TVM <= 0\.21.*__tvm_dev_mblob"):
+        tf_op.Module(lib).func("f")(tf.constant(V))
