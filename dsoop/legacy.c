@@ -174,9 +174,7 @@ static int fill_context(DsoopLegacyLibrary* lib, struct link_map* own, const cha
   if (entry->runtime != NULL) {
     value = dsoop_runtime_symbol(1, entry->runtime);
     if (value == NULL) {
-      dsoop_error_set(err, "RuntimeError",
-                      "%s calls %s (workspace memory, parallel loops), which TVM's runtime "
-                      "(libtvm_runtime.so) provides, and it is not open",
+      dsoop_error_set(err, "RuntimeError", "%s calls %s (workspace memory, parallel loops)",
                       lib->name, entry->runtime);
       return kDsoopLegacyNeedsRuntime;
     }

@@ -20,6 +20,11 @@ import (
 // TVM 0.21 (a hybrid of the two ABIs). It is found before anything of it runs.
 var ErrLegacyUnsupported = errors.New("a library of TVM <= 0.21 that dsoop cannot run")
 
+// ErrLegacyNeedsRuntime means a library built by TVM 0.8-0.20 uses workspace
+// memory or parallel loops, which TVM's runtime (libtvm_runtime.so) provides, and
+// none was found on the search path.
+var ErrLegacyNeedsRuntime = errors.New("the library needs TVM's runtime (" + runtimeLibraryName + "), which was not found")
+
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
 // code, such as CUDA kernels), serialized for the old runtime to rebuild.
 const legacyDevBlobSymbol = "__tvm_dev_mblob"
@@ -116,7 +121,9 @@ func openLegacy(s *sealedLibrary, path string) (*C.DsoopLegacyLibrary, error) {
 	case 0:
 		return lib, nil
 	case C.kDsoopLegacyNeedsRuntime:
-		return nil, fmt.Errorf("%w: %w: %s", ErrRuntimeNotFound, takeError(&cerr), runtimeHelp)
+		return nil, fmt.Errorf("%w: %s: install the pip package apache-tvm (tf_op's [tvm] extra) and add its tvm/lib "+
+			"folder to %s (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"` prints the library's path)",
+			ErrLegacyNeedsRuntime, takeError(&cerr).Message, LibraryPathEnv)
 	case C.kDsoopLegacyUnsupported:
 		return nil, fmt.Errorf("%w: %w", ErrLegacyUnsupported, takeError(&cerr))
 	default:

@@ -321,9 +321,9 @@ const legacyChildEnv = "DSOOP_TEST_LEGACY_CHILD"
 
 // legacyReport is what a legacy child prints.
 type legacyReport struct {
-	Error           string
-	RuntimeNotFound bool // errors.Is(err, dsoop.ErrRuntimeNotFound)
-	Out             float32
+	Error        string
+	NeedsRuntime bool // errors.Is(err, dsoop.ErrLegacyNeedsRuntime)
+	Out          float32
 }
 
 // runLegacyChild is TestMain in a legacy child: it never returns.
@@ -344,7 +344,7 @@ func runLegacyChild(lib string) {
 		return err
 	}()
 	if err != nil {
-		report.Error, report.RuntimeNotFound = err.Error(), errors.Is(err, dsoop.ErrRuntimeNotFound)
+		report.Error, report.NeedsRuntime = err.Error(), errors.Is(err, dsoop.ErrLegacyNeedsRuntime)
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(report); err != nil {
 		os.Exit(1)
@@ -383,7 +383,7 @@ func TestLegacyLibrariesWithoutTVMsRuntime(t *testing.T) {
 	})
 	t.Run("workspace and parallel loops need TVM's runtime", func(t *testing.T) {
 		report := run(t, filepath.Join(legacyFixtures, "legacy.so"))
-		assert.True(t, report.RuntimeNotFound, report.Error)
+		assert.True(t, report.NeedsRuntime, report.Error)
 		assert.Contains(t, report.Error, "libtvm_runtime.so")
 	})
 }

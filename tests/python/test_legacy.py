@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import legacy_graph, run_in_threads
+from helpers import legacy_graph, run_in_threads, run_python
 
 FIXTURES = Path(__file__).resolve().parents[1] / "legacy" / "fixtures"
 
@@ -152,3 +153,38 @@ def test_library_embedding_old_modules_is_refused_before_it_runs(tmp_path: Path)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "old.c")], check=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"TVM <= 0\.21.*__tvm_dev_mblob"):
         tf_op.Module(lib).func("f")(tf.constant(V))
+
+
+CALL_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    import tf_op
+
+    try:
+        out = tf_op.Module(sys.argv[1]).func("add_one")(tf.constant([1.0]))
+        print("OK", out.numpy().tolist())
+    except tf.errors.OpError as e:
+        print(type(e).__name__, e.message)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("lib", "expected"),
+    [
+        ("add_one.so", "OK [2.0]"),
+        ("legacy.so", "FailedPreconditionError"),
+    ],
+    ids=["errors only: TVM-FFI is enough", "workspace and parallel loops need libtvm_runtime.so"],
+)
+def test_without_tvms_runtime(lib: str, expected: str) -> None:
+    """With only libtvm_ffi.so on the search path (apache-tvm-ffi without apache-tvm)."""
+    import tvm_ffi.libinfo
+
+    ffi_only = str(Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
+    result = run_python(CALL_SCRIPT, str(FIXTURES / lib), env={"TVMDSOOP_LIBRARY_PATH": ffi_only})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(expected), result.stdout
+    if expected.endswith("Error"):
+        assert "libtvm_runtime.so" in result.stdout and "TVMBackend" in result.stdout, result.stdout
