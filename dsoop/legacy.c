@@ -34,7 +34,7 @@ enum {
   kLegacyDLTensorHandle = 7,
   kLegacyStr = 11,
   kLegacyBytes = 12,
-  kLegacyBool = 15,  // TVM 0.14 on; earlier versions return booleans as kLegacyInt
+  kLegacyBool = 15,  // TVM 0.18 on (make_packed_api.cc); earlier versions pass booleans as kLegacyInt
 };
 
 typedef int (*LegacyPackedCFunc)(LegacyValue* args, int* type_codes, int num_args,
@@ -246,7 +246,7 @@ static int to_legacy(const LegacyFunction* f, int32_t i, const TVMFFIAny* in, Le
     case kTVMFFINone: *code = kLegacyNull; value->v_handle = NULL; return 0;
     case kTVMFFIInt: *code = kLegacyInt; return 0;
     // kLegacyInt, not kLegacyBool: every version's integer arguments take it,
-    // and TVM 0.14-0.20's boolean arguments take both.
+    // and TVM 0.18-0.20's boolean arguments take both.
     case kTVMFFIBool: *code = kLegacyInt; return 0;
     case kTVMFFIFloat: *code = kLegacyFloat; return 0;
     case kTVMFFIOpaquePtr: *code = kLegacyOpaqueHandle; return 0;
