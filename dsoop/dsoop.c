@@ -27,6 +27,10 @@ static struct {
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int ready;  // guarded by init_mu
+// The libraries dsoop_runtime_init opened (runtime_handle NULL when no TVM
+// runtime was given), for dsoop_runtime_symbol. Written before ready is set.
+static void* ffi_handle;
+static void* runtime_handle;
 
 static char* copy_bytes(const char* data, size_t size) {
   char* s = (char*)malloc(size + 1);
@@ -69,6 +73,8 @@ static int take_raised_error(DsoopError* err) {
   api.object_dec_ref(e);
   return -1;
 }
+
+int dsoop_error_take_raised(DsoopError* err) { return take_raised_error(err); }
 
 // The call pointer of a function object, from its cell.
 static TVMFFISafeCallType safe_call_of(TVMFFIObjectHandle fn) {
@@ -139,8 +145,9 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   RESOLVE(tensor_to_dlpack, "TVMFFITensorToDLPack");
   // libtvm_runtime.so fills the backend hooks (__TVMBackendParallelLaunch, workspace
   // allocation, ...) that tvm.compile'd modules call back through.
+  void* runtime = NULL;
   if (runtime_library != NULL && runtime_library[0] != '\0' &&
-      dlopen(runtime_library, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+      (runtime = dlopen(runtime_library, RTLD_NOW | RTLD_GLOBAL)) == NULL) {
     dsoop_error_set(err, "RuntimeError", "cannot open the TVM runtime: %s", dlerror());
     goto fail;
   }
@@ -149,6 +156,8 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   // SavedModel assets may be renamed ("lib.so_1"), and sonames carry versions.
   if (get_global("ffi.Module.load_from_file.so", &api.load_shared_library, err) != 0) goto fail;
   if (get_global("ffi.ModuleGetFunction", &api.module_get_function, err) != 0) goto fail;
+  ffi_handle = ffi;
+  runtime_handle = runtime;
   ready = 1;
   pthread_mutex_unlock(&init_mu);
   return 0;
@@ -156,6 +165,13 @@ fail:
   memset(&api, 0, sizeof(api));
   pthread_mutex_unlock(&init_mu);
   return -1;
+}
+
+void* dsoop_runtime_symbol(int from_runtime, const char* name) {
+  pthread_mutex_lock(&init_mu);
+  void* handle = !ready ? NULL : from_runtime ? runtime_handle : ffi_handle;
+  pthread_mutex_unlock(&init_mu);
+  return handle == NULL ? NULL : dlsym(handle, name);
 }
 
 int dsoop_global_exists(const char* name, DsoopError* err) {

@@ -46,6 +46,9 @@ void dsoop_error_clear(DsoopError* err);
 int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+// Moves the error TVM raised on this thread into err; returns -1.
+int dsoop_error_take_raised(DsoopError* err);
+
 // Opens the TVM-FFI library with RTLD_GLOBAL, as dsoop_runtime_init does (the
 // same handle), and reads its version with TVMFFIGetVersion, the one entry point
 // stable across every version of the C ABI. Nothing else of the library is
@@ -60,6 +63,12 @@ int dsoop_runtime_version(const char* ffi_library, TVMFFIVersion* version, const
 // calls after a success do nothing and return 0. It does not check the version:
 // dsoop's Go side calls dsoop_runtime_version first.
 int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, DsoopError* err);
+
+// A symbol of the TVM-FFI library (from_runtime 0) or of the TVM runtime
+// (from_runtime 1), looked up in that library and its dependencies only; NULL
+// when it has none, when no TVM runtime was opened, or before dsoop_runtime_init
+// succeeded.
+void* dsoop_runtime_symbol(int from_runtime, const char* name);
 
 // The file of the shared object this code was linked into (the op library, or
 // the executable), for finding programs installed beside it; "" if unknown.

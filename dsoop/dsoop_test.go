@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(initChildEnv) != "" {
 		runInitChild()
 	}
+	if lib := os.Getenv(legacyChildEnv); lib != "" {
+		runLegacyChild(lib)
+	}
 	dir, err := os.MkdirTemp("", "dsoop-test")
 	if err != nil {
 		panic(err)

@@ -4,6 +4,7 @@ package dsoop
 #include <stdlib.h>
 #include "dsoop.h"
 #include "vm.h"
+#include "legacy.h"
 */
 import "C"
 
@@ -67,9 +68,10 @@ type moduleRef struct {
 // moduleEntry is one loaded library, shared by the Modules opened on its path.
 type moduleEntry struct {
 	path   string
-	stat   os.FileInfo    // of the file the library was read from, then
-	sealed *sealedLibrary // the copy it was loaded from: its digest, its data symbols
-	handle C.TVMFFIObjectHandle
+	stat   os.FileInfo               // of the file the library was read from, then
+	sealed *sealedLibrary            // the copy it was loaded from: its digest, its data symbols
+	handle C.TVMFFIObjectHandle      // the module TVM's loader made; nil for a legacy library
+	legacy *C.DsoopLegacyLibrary     // a library of TVM 0.8-0.20, loaded by legacy.c; else nil
 	isVM   bool                      // holds a Relax VM executable (a whole model)
 	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
 	opens  int                       // guarded by modulesMu
@@ -183,6 +185,14 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 			return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 		}
 	}
+	if sealed.legacy != nil {
+		lib, err := openLegacy(sealed, abs)
+		if err != nil {
+			sealed.close()
+			return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
+		}
+		return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, legacy: lib, opens: 1}), nil
+	}
 	handle, err := loadModule(sealed)
 	if err != nil {
 		sealed.close()
@@ -194,11 +204,15 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		C.dsoop_object_release(handle)
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
-	e := &moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}
+	return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}), nil
+}
+
+// addEntry records a library just loaded as its path's, and opens it.
+func addEntry(e *moduleEntry) *Module {
 	modulesMu.Lock()
-	modules[abs] = e
+	modules[e.path] = e
 	modulesMu.Unlock()
-	return newModule(e), nil
+	return newModule(e)
 }
 
 // openLoaded opens the library already loaded from path when its file is still
@@ -374,6 +388,9 @@ func (m *Module) Func(name string) (*Func, error) {
 	if m.ref.closed {
 		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
 	}
+	if m.entry.legacy != nil {
+		return m.legacyFunc(name)
+	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var cerr C.DsoopError
@@ -418,6 +435,10 @@ func (r *moduleRef) close() {
 	poolsMu.Unlock()
 	for _, p := range pools {
 		p.release() // VMFuncs still open keep theirs
+	}
+	if e.legacy != nil {
+		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
+		return
 	}
 	C.dsoop_object_release(e.handle)
 }

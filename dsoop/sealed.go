@@ -37,6 +37,9 @@ type sealedLibrary struct {
 	// as far as they could be read: what the loader will need (TVM's CUDA
 	// runtime, for CUDA code), and why it failed when it does.
 	embedded []embeddedModule
+	// legacy is set for a library built by TVM 0.8-0.20, which dsoop loads
+	// itself (legacy.c) rather than through TVM's loader.
+	legacy *legacyABI
 }
 
 // Linux constants for memfd_create(2) and fcntl(2) seals.
@@ -140,6 +143,7 @@ func (s *sealedLibrary) check() (err error) {
 	// Unreadable serialized modules are no reason to refuse the library here:
 	// TVM's loader reads them too, and says what is wrong with them.
 	s.embedded, _ = readEmbeddedModules(f, symbols)
+	s.legacy = readLegacyABI(symbols)
 	cpuFlags, err := readCPUFlags(f, symbols)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)

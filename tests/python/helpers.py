@@ -8,9 +8,10 @@ import runpy
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 #: The dtypes the test library has an ``inc_<dtype>`` for: tests/modules/dtypes.py,
@@ -57,3 +58,27 @@ def run_in_threads(worker: Callable[[int], None], count: int) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def legacy_graph(
+    lib: str, func_name: str, shape_input: np.ndarray, static_shape: list[int] | None,
+    inputs: Sequence[tuple[str, tf.DType]] = (("x", tf.float32),), output_dtype: tf.DType = tf.float32,
+) -> tf.compat.v1.GraphDef:
+    """A GraphDef as tvm.contrib.tf_op wrote it: a placeholder per input, a Const
+    for the dynamic shape, and a TvmDsoOp node named "tvm"."""
+    graph_def = tf.compat.v1.GraphDef()
+    for name, dtype in inputs:
+        x = graph_def.node.add(name=name, op="Placeholder")
+        x.attr["dtype"].type = dtype.as_datatype_enum
+    shape = graph_def.node.add(name="shape", op="Const")
+    shape.attr["dtype"].type = tf.int64.as_datatype_enum
+    shape.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(shape_input, dtype=tf.int64))
+    node = graph_def.node.add(name="tvm", op="TvmDsoOp")
+    node.input.extend([name for name, _ in inputs] + ["shape"])
+    node.attr["ListT"].list.type.extend(dtype.as_datatype_enum for _, dtype in inputs)
+    node.attr["lib_path"].s = lib.encode()
+    node.attr["func_name"].s = func_name.encode()
+    node.attr["output_dtype"].type = output_dtype.as_datatype_enum
+    node.attr["has_static_output_shape"].b = static_shape is not None
+    node.attr["static_output_shape"].list.i.extend(static_shape or [])
+    return graph_def

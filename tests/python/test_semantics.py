@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import TVM_DTYPES, buffer_address, run_in_threads, run_python
+from helpers import TVM_DTYPES, buffer_address, legacy_graph, run_in_threads, run_python
 
 
 @pytest.fixture(scope="module")
@@ -329,26 +329,6 @@ def test_parallel_ops_in_one_graph(mod: tf_op.Module) -> None:
 
 
 # --- graphs written for TVM 0.7-0.19's TvmDsoOp ------------------------------------
-
-
-def legacy_graph(testlib: str, func_name: str, shape_input: np.ndarray, static_shape: list[int] | None) -> tf.compat.v1.GraphDef:
-    """A GraphDef as tvm.contrib.tf_op wrote it: placeholder x, a Const for the
-    dynamic shape, and a TvmDsoOp node."""
-    graph_def = tf.compat.v1.GraphDef()
-    x = graph_def.node.add(name="x", op="Placeholder")
-    x.attr["dtype"].type = tf.float32.as_datatype_enum
-    shape = graph_def.node.add(name="shape", op="Const")
-    shape.attr["dtype"].type = tf.int64.as_datatype_enum
-    shape.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(shape_input, dtype=tf.int64))
-    node = graph_def.node.add(name="tvm", op="TvmDsoOp")
-    node.input.extend(["x", "shape"])
-    node.attr["ListT"].list.type.append(tf.float32.as_datatype_enum)
-    node.attr["lib_path"].s = testlib.encode()
-    node.attr["func_name"].s = func_name.encode()
-    node.attr["output_dtype"].type = tf.float32.as_datatype_enum
-    node.attr["has_static_output_shape"].b = static_shape is not None
-    node.attr["static_output_shape"].list.i.extend(static_shape or [])
-    return graph_def
 
 
 @pytest.mark.parametrize(
