@@ -3,8 +3,6 @@ package dsoop_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -92,19 +90,12 @@ func BenchmarkCallOverhead(b *testing.B) {
 	b.ReportMetric(testenv.Median(diffNs), "overhead-ns/call")
 }
 
-// blobLibrary builds, in dir, a TVM-FFI library of about size bytes: a constant
-// array in a loaded segment (as a model's weights embedded by export_library
-// are), and blob_size, which returns the array's size.
-func blobLibrary(tb testing.TB, dir string, size int64) string {
+// blobLibrary builds a TVM-FFI library of about size bytes: a constant array in
+// a loaded segment (as a model's weights embedded by export_library are), and
+// blob_size, which returns the array's size.
+func blobLibrary(tb testing.TB, size int64) string {
 	tb.Helper()
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		tb.Skip("no gcc to build the libraries")
-	}
-	repo, err := filepath.Abs("..")
-	require.NoError(tb, err)
-	src := filepath.Join(dir, fmt.Sprintf("blob%d.c", size))
-	code := fmt.Sprintf(`#include <tvm/ffi/c_api.h>
+	return ccLibrary(tb, fmt.Sprintf(`#include <tvm/ffi/c_api.h>
 // Zero but its first byte: the compiler writes it out in full without a
 // gigabyte of source.
 __attribute__((used)) static const unsigned char blob[%d] = {1};
@@ -114,17 +105,11 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_blob_size(void* self, const TVMFFIAny* args, in
   result->v_int64 = (int64_t)sizeof(blob);
   return 0;
 }
-`, size)
-	require.NoError(tb, os.WriteFile(src, []byte(code), 0o644))
-	lib := filepath.Join(dir, fmt.Sprintf("blob%d.so", size))
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-I"+repo, "-I"+filepath.Join(repo, "third_party/tvm-ffi/include"),
-		"-o", lib, src).CombinedOutput()
-	require.NoError(tb, err, "%s", out)
-	return lib
+`, size))
 }
 
 func TestBlobLibraryLoads(t *testing.T) {
-	lib := blobLibrary(t, t.TempDir(), 4096)
+	lib := blobLibrary(t, 4096)
 	got, err := openFuncIn(t, lib, "blob_size").CallValue()
 	require.NoError(t, err)
 	assert.Equal(t, int64(4096), got)
@@ -141,12 +126,11 @@ func BenchmarkOpen(b *testing.B) {
 	if probe := os.Getenv(dsoop.ProbeEnv); probe == "" || probe == "off" {
 		b.Skip(dsoop.ProbeEnv + " does not name tvmdsoop-probe (. build/env.sh sets it)")
 	}
-	dir := b.TempDir()
 	for _, size := range []struct {
 		name  string
 		bytes int64
 	}{{"1MiB", 1 << 20}, {"64MiB", 64 << 20}, {"256MiB", 256 << 20}} {
-		lib := blobLibrary(b, dir, size.bytes)
+		lib := blobLibrary(b, size.bytes)
 		digest, err := dsoop.FileSHA256(lib)
 		require.NoError(b, err)
 		st, err := os.Stat(lib)

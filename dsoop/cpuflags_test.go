@@ -3,8 +3,6 @@ package dsoop_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,17 +12,11 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 )
 
-// flaggedLibrary builds, in dir, a TVM-FFI library whose function seven returns
-// 7, recording flags in tvmdsoop_cpu_flags as tf_op.compile does (no symbol for
-// a nil flags).
-func flaggedLibrary(t *testing.T, dir, name string, flags *string) string {
+// flaggedLibrary builds a TVM-FFI library whose function seven returns 7,
+// recording flags in tvmdsoop_cpu_flags as tf_op.compile does (no symbol for nil
+// flags).
+func flaggedLibrary(t *testing.T, flags *string) string {
 	t.Helper()
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("no gcc to build the libraries")
-	}
-	repo, err := filepath.Abs("..")
-	require.NoError(t, err)
 	code := `#include <tvm/ffi/c_api.h>
 TVM_FFI_DLL_EXPORT int __tvm_ffi_seven(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
   result->type_index = kTVMFFIInt;
@@ -36,12 +28,7 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_seven(void* self, const TVMFFIAny* args, int32_
 	if flags != nil {
 		code += fmt.Sprintf("const char tvmdsoop_cpu_flags[] = %q;\n", *flags)
 	}
-	src, lib := filepath.Join(dir, name+".c"), filepath.Join(dir, name+".so")
-	require.NoError(t, os.WriteFile(src, []byte(code), 0o644))
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-I"+repo, "-I"+filepath.Join(repo, "third_party/tvm-ffi/include"),
-		"-o", lib, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return lib
+	return ccLibrary(t, code)
 }
 
 // TestCPUFlagsAreCheckedBeforeLoading: a library recording a CPU flag this
@@ -74,10 +61,9 @@ func TestCPUFlagsAreCheckedBeforeLoading(t *testing.T) {
 		{name: "too long to be a list of flags", flags: str(strings.Repeat("x", 5000)), wantErr: dsoop.ErrNotALibrary,
 			message: "more than a list of CPU flags"},
 	}
-	dir := t.TempDir()
-	for i, tt := range tests {
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lib := flaggedLibrary(t, dir, fmt.Sprintf("flags%d", i), tt.flags)
+			lib := flaggedLibrary(t, tt.flags)
 			m, err := dsoop.Open(lib)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)

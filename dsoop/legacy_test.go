@@ -264,21 +264,6 @@ func TestLegacyFuncOutlivesModuleAndRunsConcurrently(t *testing.T) {
 	}))
 }
 
-// cc builds a shared library from C source, or skips without a C compiler.
-func cc(t *testing.T, source string) string {
-	t.Helper()
-	compiler, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler (cc) to build the test library")
-	}
-	dir := t.TempDir()
-	src, lib := filepath.Join(dir, "lib.c"), filepath.Join(dir, "lib.so")
-	require.NoError(t, os.WriteFile(src, []byte(source), 0o644))
-	out, err := exec.Command(compiler, "-shared", "-fPIC", "-o", lib, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return lib
-}
-
 func TestLegacyLibrariesRefusedBeforeTheyRun(t *testing.T) {
 	tests := []struct {
 		name, source, message string
@@ -307,7 +292,7 @@ int add_one(void* self, const void* args, int n, void* result) { return 0; }`,
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := dsoop.Open(cc(t, tc.source))
+			_, err := dsoop.Open(ccLibrary(t, tc.source))
 			require.ErrorIs(t, err, dsoop.ErrLegacyUnsupported)
 			assert.Contains(t, err.Error(), tc.message)
 		})
