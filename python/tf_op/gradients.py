@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_op import _library
+from tf_op.module import _no_dims
 
 
 def _differentiable(dtype: tf.DType) -> bool:
@@ -57,7 +58,7 @@ def _declared_outputs(
     checked against what is known of the input's; a destination-passing one's sizes
     are the input's, read at run time where the graph does not know them."""
     if returns:
-        return [x.shape for x in inputs.values()], tf.zeros([0], tf.int64)
+        return [x.shape for x in inputs.values()], _no_dims()
     shapes, dims = [], []
     for index, x in inputs.items():
         if x.shape.is_fully_defined():
@@ -72,7 +73,7 @@ def _declared_outputs(
                 f"tf_op: gradient {grad_name!r} of function {func_name!r}: input {index} has an unknown rank, so "
                 "the shape of its gradient cannot be declared; give the input a known rank"
             )
-    return shapes, tf.concat(dims, axis=0) if dims else tf.zeros([0], tf.int64)
+    return shapes, tf.concat(dims, axis=0) if dims else _no_dims()
 
 
 @tf.RegisterGradient("TVMDSOOp")
