@@ -130,12 +130,12 @@ def build_cnn(tflite_path: Path, out: Path, target: str = "llvm") -> Path:
 
 
 class MLP(nn.Module):
-    """Linear(16, 32) + ReLU + Linear(32, 8)."""
+    """Linear(features, hidden) + ReLU + Linear(hidden, classes); by default 16, 32, 8."""
 
-    def __init__(self) -> None:
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 8) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 8)
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         return self.fc2(nn.relu(self.fc1(x)))

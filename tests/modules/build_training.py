@@ -33,6 +33,8 @@ from tvm.relax.frontend import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 from tf_op_tvm import add_gradient  # noqa: E402
 
+from build_models import MLP  # noqa: E402  (beside this script)
+
 MLP_SEED = 3
 
 
@@ -98,20 +100,8 @@ def small_functions() -> dict[str, tvm.tir.PrimFunc]:
     }
 
 
-class MLP(nn.Module):
-    """Linear(4, 8) + ReLU + Linear(8, 3)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(4, 8)
-        self.fc2 = nn.Linear(8, 3)
-
-    def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return self.fc2(nn.relu(self.fc1(x)))
-
-
 def build_mlp(out_dir: Path) -> None:
-    mod, params = MLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor(["batch", 4], "float32")}})
+    mod, params = MLP(4, 8, 3).export_tvm(spec={"forward": {"x": nn.spec.Tensor(["batch", 4], "float32")}})
     mod = add_gradient(mod, "forward")
     tvm.compile(mod, target="llvm").export_library(str(out_dir / "mlp_train.so"))
     rng = np.random.default_rng(MLP_SEED)
