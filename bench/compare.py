@@ -17,6 +17,7 @@ import argparse
 import ctypes
 import functools
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -468,8 +469,6 @@ def bridge(cache_dir: Path, rounds: int) -> Results:
     batch of MODEL_BATCHES, one model call per tf.function call on both sides,
     timed interleaved. A ratio is TF's time / the compiled op's (above 1: TVM is
     faster). The cache starts empty, so the compile time is a real compile."""
-    import shutil
-
     shutil.rmtree(cache_dir, ignore_errors=True)
     out: Results = {"bridge_rounds": rounds}
     for name, (fn, reference, shape) in bridge_models().items():
