@@ -1,7 +1,7 @@
 """The TVM half of ``tf_op.compile``: a TFLite flatbuffer in, a Relax VM library out.
 
     python _tvm_compile.py --version
-    python _tvm_compile.py MODEL.tflite OUT.so TARGET_JSON
+    python _tvm_compile.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS]
 
 Runs in its own process on the Python that has apache-tvm (``TVMDSOOP_TVM_PYTHON``),
 never in the TensorFlow process: TVM's compiler and TensorFlow each bring an LLVM,
@@ -11,7 +11,12 @@ and the ``tflite`` reader can run it by path.
 ``--version`` prints the installed apache-tvm version without importing TVM (the
 cache key needs it before a compile is known to be necessary). A compile writes
 OUT.so and exits 0; a model the frontend or the compiler cannot take exits 2 with
-the reason on stderr (the parent shows its tail).
+the reason on stderr (the parent shows its tail). Lines on stderr that start with
+``tvmdsoop:`` say what stage the compile is at (the parent logs them as they come:
+tuning takes minutes); the last line on stdout is the compile's figures as JSON.
+
+With TUNING_TRIALS > 0, MetaSchedule tunes the model's kernels first (that many
+candidates measured on this machine, in all), and the compile uses the fastest.
 
 The library records the x86 extensions its target lets the code use, as Linux's
 /proc/cpuinfo names them, in a string ``tvmdsoop_cpu_flags``: dsoop refuses it on
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
 import sys
 import time
 import tempfile
@@ -51,9 +57,13 @@ def tvm_version() -> str:
     return importlib.metadata.version("apache-tvm")
 
 
-def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object]) -> None:
-    """from_tflite -> tvm.compile -> export_library. The frontend turns every TFLite
-    weight into a constant, so the library's ``main`` takes only the inputs."""
+def progress(message: str) -> None:
+    print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
+
+
+def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object], trials: int = 0) -> None:
+    """from_tflite -> (tuning) -> tvm.compile -> export_library. The frontend turns
+    every TFLite weight into a constant, so the library's ``main`` takes only the inputs."""
     import tflite
     import tvm
     from tvm.relax.frontend.tflite import from_tflite
@@ -62,16 +72,101 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object])
     model = tflite.Model.GetRootAsModel(tflite_path.read_bytes(), 0)
     mod = from_tflite(model)
     imported = time.perf_counter()
+    progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
+    if trials > 0:
+        check_tuning_works()
+        if target.get("kind") == "llvm" and "num-cores" not in target:
+            # MetaSchedule sizes parallel loops by it, and insists on it.
+            import psutil
+
+            target = {**target, "num-cores": psutil.cpu_count(logical=False) or 1}
     tvm_target = tvm.target.Target(target)
+    if trials > 0:
+        mod = tune(mod, tvm_target, trials)
+    tuned = time.perf_counter()
     executable = tvm.compile(mod, target=tvm_target)
     compiled = time.perf_counter()
+    progress(f"compiled in {compiled - tuned:.2f} s")
     flags = cpu_flags(tvm_target)
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp, "tvmdsoop_cpu_flags.c")
         record.write_text(_CPU_FLAGS_SOURCE.format(flags=" ".join(flags)))
         executable.export_library(str(out_path), addons=[str(record)])
-    print(json.dumps({"import_s": imported - start, "compile_s": compiled - imported,
-                      "export_s": time.perf_counter() - compiled, "cpu_flags": flags}))
+    print(json.dumps({"import_s": imported - start, "tune_s": tuned - imported, "trials": trials,
+                      "compile_s": compiled - tuned, "export_s": time.perf_counter() - compiled,
+                      "cpu_flags": flags}))
+
+
+def tune(mod: Any, target: Any, trials: int) -> Any:
+    """``mod`` with the kernels MetaSchedule found fastest in ``trials`` measured
+    candidates, shared out evenly among its tuning tasks (TVM's
+    static_shape_tuning pipeline, with the build step below)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    start = time.perf_counter()
+    with target:
+        mod = tvm.transform.Sequential([relax.transform.DecomposeOpsForInference(),
+                                        relax.transform.CanonicalizeBindings(),
+                                        relax.get_pipeline("zero")])(mod)
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    per_task = max(1, -(-trials // len(tasks)))
+    progress(f"tuning {len(tasks)} kernels, {trials} trials in all (up to {per_task} each): "
+             "MetaSchedule's own log follows on stderr")
+    with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
+        database = ms.relax_integration.tune_relax(
+            mod, params={}, target=target, work_dir=work_dir, max_trials_global=trials,
+            max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
+            builder=ms.builder.LocalBuilder(f_build=build_candidate), database="memory")
+    # A kernel none of whose candidates built and ran keeps its untuned form:
+    # say how many did, and fail when none did (the user asked for tuning).
+    tuned = sum(database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None
+                for task in tasks)
+    if tuned == 0:
+        raise RuntimeError(f"tuning found no working candidate for any of the {len(tasks)} kernels "
+                           "(MetaSchedule's log above says why)")
+    with target, database:
+        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
+    return mod
+
+
+#: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).
+TUNING_MODULES = {"psutil": "psutil", "cloudpickle": "cloudpickle", "xgboost": "xgboost-cpu"}
+
+
+def check_tuning_works() -> None:
+    """Fails with the fix when tuning cannot run here, before minutes are spent:
+    a missing module, or a TVM-FFI whose JSON serialisation (which MetaSchedule
+    sends every candidate through) crashes on this TVM's objects, as
+    apache-tvm-ffi 0.1.15 does with apache-tvm 0.27 (checked in a child
+    process, since the failure is a segfault)."""
+    import importlib.util
+
+    missing = [dist for module, dist in TUNING_MODULES.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise RuntimeError(f"tuning needs {', '.join(missing)} in {sys.executable}: "
+                           "pip install 'tvmdsoop[tune]' there")
+    probe = "import tvm; tvm.ir.save_json(tvm.tirx.IntImm('int32', 1))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"tuning cannot run with apache-tvm {tvm_version()} and apache-tvm-ffi "
+            f"{importlib.metadata.version('apache-tvm-ffi')} in {sys.executable}: TVM's JSON "
+            f"serialisation fails (exit {result.returncode}); install the apache-tvm-ffi this "
+            "TVM was built with (apache-tvm 0.27: apache-tvm-ffi==0.1.14.post0)")
+
+
+def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
+    """MetaSchedule's default build of one candidate kernel, less its import of
+    ``tvm.s_tir.tensor_intrin``: that import takes about 30 s, and the builder pays
+    it in a fresh process for every batch of candidates. Candidates reach the
+    builder already scheduled (tensorized too), so the build needs no intrinsic."""
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
 #: The record, compiled into the library by export_library (as C++: the
@@ -102,11 +197,11 @@ def main(argv: list[str]) -> int:
     if argv == ["--version"]:
         print(tvm_version())
         return 0
-    if len(argv) != 3:
+    if len(argv) not in (3, 4) or (len(argv) == 4 and not argv[3].isdigit()):
         print(__doc__, file=sys.stderr)
         return 64
     try:
-        compile_tflite(Path(argv[0]), Path(argv[1]), json.loads(argv[2]))
+        compile_tflite(Path(argv[0]), Path(argv[1]), json.loads(argv[2]), int(argv[3]) if len(argv) == 4 else 0)
     except Exception as err:  # noqa: BLE001  (every failure is reported to the parent the same way)
         import traceback
 

@@ -48,6 +48,10 @@ DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 #: made, changes, so that old entries are not reused.
 FORMAT_VERSION = 2
 
+#: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
+#: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.
+DEFAULT_TUNING_TRIALS = 1000
+
 #: How many lines of the worker's stderr a CompileError shows.
 _STDERR_TAIL_LINES = 40
 
@@ -86,6 +90,7 @@ class _State:
     input_signature: list[tf.TensorSpec]
     target: Target
     cache_dir: Path
+    trials: int
     compiled: dict[Shapes, _Compiled] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -97,6 +102,7 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
     batch_sizes: Sequence[int] = (),
     target: Target | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    tune: bool | int = False,
 ) -> CompiledFunction:
     """Compiles ``fn`` (a Keras model or layer, a tf.function or a plain callable of
     tensors) with TVM: each static input shape compiles on its first call, or now
@@ -114,12 +120,17 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
       target: a TVM target (its string or dict form); default ``DEFAULT_TARGET``.
       cache_dir: the cache folder; default ``$TVMDSOOP_CACHE_DIR``, else
         ``~/.cache/tvmdsoop``.
+      tune: tune the kernels with TVM's MetaSchedule before compiling, measuring
+        candidates on this machine: ``True`` for ``DEFAULT_TUNING_TRIALS``
+        trials in all, or a number of trials. Minutes per shape, once: the
+        tuned library is cached like any other. Needs the ``tune`` extra.
     """
     if input_signature is None:
         if not isinstance(fn, keras.Model):
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
-    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir))
+    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir),
+                                _tuning_trials(tune))
     for batch in batch_sizes:
         compiled.compile_for(compiled.batch_shapes(batch))
     return compiled
@@ -135,11 +146,11 @@ class CompiledFunction(tf.Module):
     compiled ones."""
 
     def __init__(self, fn: Callable[..., Any], input_signature: Sequence[tf.TensorSpec],
-                 target: Target, cache_dir: Path) -> None:
+                 target: Target, cache_dir: Path, trials: int = 0) -> None:
         super().__init__(name=None)
         name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
         self._state = _State(tf.function(_traceable(fn)), name, [tf.TensorSpec.from_spec(s) for s in input_signature],
-                             target, cache_dir)
+                             target, cache_dir, trials)
         # Tracked: the compiled functions and, through them, their libraries.
         self._funcs: list[Func] = []
 
@@ -262,7 +273,7 @@ class CompiledFunction(tf.Module):
         tflite_bytes = _to_tflite(concrete, state.name)
         logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes), time.perf_counter() - start)
 
-        lib_path, digest = _cached_library(tflite_bytes, state.target, state.cache_dir, state.name)
+        lib_path, digest = _cached_library(tflite_bytes, state.target, state.trials, state.cache_dir, state.name)
         start = time.perf_counter()
         func = Module(str(lib_path), sha256=digest).func(
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
@@ -298,6 +309,16 @@ def _to_tflite(concrete: Any, name: str) -> bytes:
         raise CompileError(f"tf_op.compile({name}): TF's TFLite converter rejected the function: {err}") from err
 
 
+def _tuning_trials(tune: bool | int) -> int:
+    if tune is True:
+        return DEFAULT_TUNING_TRIALS
+    if tune is False:
+        return 0
+    if not isinstance(tune, int) or tune < 0:
+        raise ValueError(f"tf_op.compile: tune is True, False or a number of trials >= 0, got {tune!r}")
+    return tune
+
+
 def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     chosen = cache_dir or os.environ.get("TVMDSOOP_CACHE_DIR") or Path.home() / ".cache" / "tvmdsoop"
     return Path(chosen).expanduser()
@@ -322,16 +343,19 @@ def _tvm_version(python: str) -> str:
     return result.stdout.strip()
 
 
-def _cache_key(tflite_bytes: bytes, target: Target, tvm_version: str) -> str:
-    header = json.dumps({"format": FORMAT_VERSION, "target": target, "tvm": tvm_version}, sort_keys=True)
+def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
+    header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version},
+                        sort_keys=True)
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
 
 
-def _cached_library(tflite_bytes: bytes, target: Target, cache_dir: Path, name: str) -> tuple[Path, str]:
-    """The library for this TFLite model and target, and its sha256: from the cache
-    when its entry is whole (its recorded digest matches), else compiled now."""
+def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir: Path,
+                    name: str) -> tuple[Path, str]:
+    """The library for this TFLite model, target and tuning budget, and its sha256:
+    from the cache when its entry is whole (its recorded digest matches), else
+    compiled now."""
     python = _tvm_python()
-    key = _cache_key(tflite_bytes, target, _tvm_version(python))
+    key = _cache_key(tflite_bytes, target, trials, _tvm_version(python))
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(cache_dir / f"{key}.lock"):
@@ -341,7 +365,7 @@ def _cached_library(tflite_bytes: bytes, target: Target, cache_dir: Path, name: 
                 logger.info("cache hit for %s: %s", name, lib_path)
                 return lib_path, recorded
             logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
-        digest = _compile_into(tflite_bytes, target, python, lib_path, name)
+        digest = _compile_into(tflite_bytes, target, trials, python, lib_path, name)
         _write_atomically(digest_path, digest.encode() + b"\n")
     return lib_path, digest
 
@@ -360,23 +384,40 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _compile_into(tflite_bytes: bytes, target: Target, python: str, lib_path: Path, name: str) -> str:
+def _compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, lib_path: Path,
+                  name: str) -> str:
     """Runs the TVM worker into a temporary file beside ``lib_path`` and renames it
     into place, so a failed or interrupted compile leaves nothing under the key."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=lib_path.parent) as tmp:
         tflite_path, out_path = Path(tmp, "model.tflite"), Path(tmp, "model.so")
         tflite_path.write_bytes(tflite_bytes)
-        result = subprocess.run([python, str(_WORKER), str(tflite_path), str(out_path), json.dumps(target)],
-                                capture_output=True, text=True)
-        if result.returncode != 0 or not out_path.is_file():
+        returncode, output = _run_worker(
+            [python, str(_WORKER), str(tflite_path), str(out_path), json.dumps(target), str(trials)], name)
+        if returncode != 0 or not out_path.is_file():
             raise CompileError(f"tf_op.compile({name}): TVM could not compile the model for target "
-                               f"{target!r} (exit {result.returncode}):\n{_tail(result.stderr)}")
+                               f"{target!r} (exit {returncode}):\n{_tail(output)}")
         digest = file_sha256(out_path)
         os.replace(out_path, lib_path)
-    logger.info("TVM compiled %s in %.2f s (%s): %s", name, time.perf_counter() - start,
-                result.stdout.strip(), lib_path)
+    figures = output.strip().splitlines()[-1] if output.strip() else ""
+    logger.info("TVM compiled %s in %.2f s (%s): %s", name, time.perf_counter() - start, figures, lib_path)
     return digest
+
+
+def _run_worker(command: list[str], name: str) -> tuple[int, str]:
+    """Runs the TVM worker, logging its progress lines as they come (a tuning
+    compile takes minutes: the user sees which stage it is at) and TVM's own
+    output at DEBUG; its exit status and everything it wrote."""
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as worker:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            lines.append(line)
+            if line.startswith("tvmdsoop: "):
+                logger.info("%s: %s", name, line[len("tvmdsoop: "):].rstrip())
+            else:
+                logger.debug("%s: TVM: %s", name, line.rstrip())
+    return worker.returncode, "".join(lines)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

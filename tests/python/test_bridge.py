@@ -7,6 +7,7 @@ of these small models takes about 1.5 s (the TVM worker is a fresh process).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import re
 import shutil
@@ -234,6 +235,31 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
     disassembly = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     assert "%xmm" in disassembly
     assert bool(_VEX.search(disassembly)) == avx
+
+
+TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A small budget (16 trials, about a minute): what is checked is that the
+    tuned kernels are the ones compiled, right, and cached under their own key."""
+    model, x = _mlp(), _inputs(4, 16)
+    caplog.set_level(logging.INFO, logger="tf_op.bridge")
+    tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
+    np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
+    assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text), "tuning found nothing to apply"
+    assert '"trials": 16' in caplog.text
+    compile(model, cache_dir=tmp_path, batch_sizes=[4])
+    assert len(_libraries(tmp_path)) == 2, "tuned and untuned libraries share a cache key"
+
+
+@pytest.mark.parametrize("tune", [-1, 2.5, "yes"])
+def test_tune_takes_a_bool_or_a_trial_count(tune, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tune is True, False or a number of trials"):
+        compile(_mlp(), cache_dir=tmp_path, tune=tune)
 
 
 def test_batch_sizes_compile_ahead(tmp_path: Path) -> None:
