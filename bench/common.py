@@ -46,6 +46,11 @@ MODEL_BATCHES: Final = (1, 32)
 #: slope between the two is the cost of one call inside a graph).
 MODEL_CHAIN: Final = 50
 
+#: The Go served benchmark (tfbridge.BenchmarkServed): its workloads and numbers
+#: of concurrent callers, as it names them in its keys.
+SERVED_WORKLOADS: Final = ("matmul", "model_b1", "model_b32")
+SERVED_CALLERS: Final = (1, 2, 8)
+
 #: What the bridge comparison compiles with tf_op.compile (bench/compare.py
 #: bridge_models), in report order; timed at each batch of MODEL_BATCHES.
 BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")
@@ -60,6 +65,8 @@ GOALS: Final[dict[str, tuple[str, float]]] = {
     "peak_rss_ratio_vs_tf_add": ("<=", 1.10),
     "model_ratio_vs_tvm_vm": ("<=", 1.05),
     "bridge_ratio_vs_tf_cnn_b1": (">=", 1.5),
+    "served_ratio_vs_direct_matmul_n8": (">=", 0.9),
+    "served_ratio_vs_direct_model_b32_n8": (">=", 0.9),
     "gpu_call_overhead_us": ("<=", 3.0),
     "gpu_bw_ratio_vs_d2d": (">=", 0.85),
 }

@@ -20,6 +20,8 @@ from common import (  # noqa: E402
     MODEL_BATCHES,
     MODEL_CHAIN,
     PY_FUNCTION_SIZE,
+    SERVED_CALLERS,
+    SERVED_WORKLOADS,
     goal_met,
 )
 
@@ -46,6 +48,11 @@ KEYS: list[tuple[str, str]] = [
     ),
     ("bridge_ratio_vs_tf_cnn_b1", "`tf_op.compile` of the Keras CNN: TF's time / the compiled op's, batch 1, tf.function"),
     ("bridge_ratio_vs_tf_mobilenetv2_b1", "the same for MobileNetV2 (alpha 0.35, 96x96), batch 1, untuned TVM"),
+    ("served_ratio_vs_direct_matmul_n8", "requests/s, 8 concurrent Go `Session.Run`s of a TVMDSOOp 512² matmul "
+     "(TVM parallel schedule) / 8 goroutines calling it through `dsoop`"),
+    ("served_ratio_vs_direct_model_b32_n8", "the same for the Keras CNN compiled by TVM (Relax VM), batch 32"),
+    ("served_ratio_vs_tf_matmul_n8", "the matmul's requests/s: TVMDSOOp session / TF `MatMul` session, 8 callers"),
+    ("rss_slope_bytes_per_call", "RSS growth per `Session.Run` of a TVMDSOOp add-one, slope over 100k runs, bytes"),
 ]
 
 
@@ -252,6 +259,18 @@ def _model_table(r: Results) -> list[str]:
     return lines
 
 
+def _served_table(r: Results) -> list[str]:
+    lines = ["| workload | callers | TVMDSOOp session | direct (`dsoop`) | TF session | empty session "
+             "| session / direct [IQR] | session / TF [IQR] |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for w in SERVED_WORKLOADS:
+        for n in SERVED_CALLERS:
+            p = f"served_{w}_n{n}_"
+            rps = " | ".join(_f(r[f"{p}{c}_rps"], 0) for c in ("session", "direct", "tf", "floor"))
+            lines.append(f"| {w} | {n} | {rps} | {_times(r, f'served_ratio_vs_direct_{w}_n{n}')} "
+                         f"| {_times(r, f'served_ratio_vs_tf_{w}_n{n}')} |")
+    return lines
+
+
 def _bridge_table(r: Results) -> list[str]:
     lines = ["| model | batch | TF µs per call | compiled op µs per call | TF / compiled [IQR] | compile s |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -352,8 +371,9 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
    `go_session_ratio_vs_tf_add` runs a Go TF session (graft) on a graph of {CHAIN}
    chained TVMDSOOp add-ones against one of {CHAIN} `AddV2`s
    (`tfbridge.BenchmarkSessionChain`: {_f(r["go_session_tvmdsoop_us"], 1)} µs against
-   {_f(r["go_session_tf_add_us"], 1)} µs a run; each Go call also adds its own constant
-   nodes for the library path and the output sizes, which the Python API shares).
+   {_f(r["go_session_tf_add_us"], 1)} µs a run). Each Go call adds two constant nodes
+   (the library path, the output sizes); sharing them across calls was measured side
+   by side and changed nothing, so they are not the gap.
    `go_dsoop_overhead_ns` is what the Go binding adds to a call: `dsoop.Func.Call`
    ({_f(r["go_dsoop_call_ns"], 0)} ns) against the same function called from a C loop
    ({_f(r["go_dsoop_direct_c_ns"], 1)} ns) (`dsoop.BenchmarkCallOverhead`): one cgo
@@ -391,6 +411,19 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
    (Keras with `training=False`) against the compiled op. A ratio is TF's time / the
    op's: above 1, the compiled model is faster. Outputs are checked against TF's
    first (relative error at most 1e-4).
+9. **Served throughput** (`served_ratio_vs_*`, `tfbridge.BenchmarkServed`): N = 1, 2
+   and 8 goroutines each serving requests back to back for 0.2 s, four contenders in
+   rotating order per round, 5 rounds: concurrent `Session.Run`s of a Go TF session
+   (default options) running TVMDSOOp; the same TVM code called directly from Go
+   (`dsoop.Func.Call` into a buffer per caller, `dsoop.VMFunc.Call` for the model);
+   TF's own equivalent in a session (`MatMul`; the Keras CNN's SavedModel loaded
+   with `tf.LoadSavedModel`); and an empty session (an `Identity`: what any `Run`
+   costs). Workloads: a 512² float32 matmul compiled by TVM with a parallel
+   schedule for this CPU (`tests/modules/build_modules.py`), the weight a constant
+   of the graphs, and the Keras CNN of 7 at batch 1 and 32. Results are checked
+   against TF's first. A key is the median of per-round ratios of requests/s. TVM's
+   thread pool is as TVM sizes it by default (docs/serving.md).
+10. **RSS over many runs** (`rss_slope_bytes_per_call`, `tfbridge.BenchmarkRSS`).
 
 ## Results
 
@@ -450,9 +483,25 @@ at batch 1 and loses on dense layers and MobileNetV2, badly at batch 32, where
 TensorFlow's oneDNN kernels use every core and vector extension. See docs/bridge.md
 for when not to use it.
 
-### Memory (5)
+### Served throughput (9)
+
+Requests per second (medians over rounds):
+
+{chr(10).join(_served_table(r))}
+
+The process had {_f(r["served_threads"], 0)} threads at the end.
+
+### Memory (5, 10)
 
 {chr(10).join(_memory_table(r))}
+
+Over many runs (`tfbridge.BenchmarkRSS`, RSS after a GC, least-squares slope):
+a TVMDSOOp add-one on 1024 float32 {_f(r["rss_slope_bytes_per_call"], 1)} bytes per `Session.Run`
+over 100k runs, `AddV2` {_f(r["rss_slope_tf_add_bytes_per_call"], 1)}; the TVM-compiled CNN
+{_f(r["model_rss_slope_bytes_per_call"], 1)} bytes per run over 20k runs. The CNN takes
+{_f(r["model_rss_mib"], 1)} MiB loaded (library, VM, first instance), and each further VM
+instance of its pool {_f(r["vm_instance_rss_kib"], 0)} KiB ({_f(r["vm_instances"], 0)} made
+by 8 concurrent callers, bounded by `TVMDSOOP_VM_INSTANCES`, default the CPU count).
 
 {chr(10).join(_gpu_section(r))}
 

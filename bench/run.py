@@ -87,12 +87,15 @@ def build_models() -> Path:
     """The demo's Keras CNN at each batch of MODEL_BATCHES as Relax VM libraries
     (MODELS_DIR/cnn_b{B}.so), unless up to date: converted to TFLite in a child
     that imports TensorFlow, compiled in another that imports TVM (their LLVMs
-    clash in one process). build_models.py also builds its small test models."""
+    clash in one process). build_models.py also builds its small test models;
+    keras_cnn.py also writes the Keras model as a SavedModel (cnn_savedmodel), what
+    the Go served benchmark serves as TF's contender."""
     modules = ROOT / "tests" / "modules"
     keras_cnn, build_models_py = modules / "keras_cnn.py", modules / "build_models.py"
     newest_script = max(keras_cnn.stat().st_mtime, build_models_py.stat().st_mtime)
     wanted = [MODELS_DIR / f"cnn_b{b}.so" for b in MODEL_BATCHES]
-    if all(p.is_file() and p.stat().st_mtime >= newest_script for p in [*wanted, MODELS_DIR / "cnn.keras"]):
+    made = [*wanted, MODELS_DIR / "cnn.keras", MODELS_DIR / "cnn_savedmodel"]
+    if all(p.exists() and p.stat().st_mtime >= newest_script for p in made):
         print(f"  CNN models: {MODELS_DIR.relative_to(ROOT)}/cnn_b*.so (up to date)")
         return MODELS_DIR
     batches = [str(b) for b in MODEL_BATCHES]
@@ -157,7 +160,9 @@ def _cgo_environment() -> dict[str, str]:
     return env
 
 
-#: Go benchmarks: (package, benchmark, rounds) and the metric -> key they give.
+#: Go benchmarks: (package, benchmarks, rounds) and the metric -> key they give;
+#: None: every metric but ns/op, under its own name. 1x: the benchmark runs once,
+#: with its own rounds.
 GO_BENCHMARKS = (
     ("./dsoop", "BenchmarkCallOverhead", 9, {
         "go-ns/call": "go_dsoop_call_ns", "c-ns/call": "go_dsoop_direct_c_ns",
@@ -167,27 +172,31 @@ GO_BENCHMARKS = (
         "ratio": "go_session_ratio_vs_tf_add", "tvmdsoop-us/run": "go_session_tvmdsoop_us",
         "tf_add-us/run": "go_session_tf_add_us",
     }),
+    ("./tfbridge", "BenchmarkServed|BenchmarkRSS", 1, None),
 )
 
 
 def run_go_benchmarks() -> Results:
-    """Item 6: the Go benchmarks, each timing its contenders interleaved."""
+    """Items 6 and 9: the Go benchmarks, each timing its contenders interleaved."""
     out: Results = {}
-    env = _cgo_environment()
+    env = {**_cgo_environment(), "TVMDSOOP_BENCH_MODELS": str(MODELS_DIR), "TF_CPP_MIN_LOG_LEVEL": "2"}
     for package, name, rounds, metrics in GO_BENCHMARKS:
         started = time.perf_counter()
         proc = subprocess.run(
-            ["go", "test", "-run", "^$", "-bench", f"^{name}$", "-benchtime", f"{rounds}x", package],
+            ["go", "test", "-run", "^$", "-bench", f"^({name})$", "-benchtime", f"{rounds}x", package],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
         )
-        lines = [line for line in proc.stdout.splitlines() if line.startswith(name)]
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("Benchmark")]
         if proc.returncode != 0 or not lines:
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
             raise SystemExit(f"bench: go benchmark {name} failed")
-        fields = lines[-1].split()
-        for value, unit in zip(fields[2::2], fields[3::2]):
-            if unit in metrics:
-                out[metrics[unit]] = float(value)
+        for line in lines:  # the last line of a benchmark is its measured run
+            fields = line.split()
+            for value, unit in zip(fields[2::2], fields[3::2]):
+                if metrics is None and unit != "ns/op":
+                    out[unit] = float(value)
+                elif metrics is not None and unit in metrics:
+                    out[metrics[unit]] = float(value)
         print(f"  go {name}: {time.perf_counter() - started:.1f} s", flush=True)
     return out
 

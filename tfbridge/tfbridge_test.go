@@ -249,7 +249,7 @@ func TestSavedModelExportedFromPython(t *testing.T) {
 }
 
 // graphOutput finds "node:index" in a graph.
-func graphOutput(t *testing.T, g *tf.Graph, name string) tf.Output {
+func graphOutput(t testing.TB, g *tf.Graph, name string) tf.Output {
 	t.Helper()
 	node, indexText, _ := strings.Cut(name, ":")
 	index := 0

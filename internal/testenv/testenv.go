@@ -38,3 +38,11 @@ func Median(values []float64) float64 {
 	slices.Sort(sorted)
 	return sorted[len(sorted)/2]
 }
+
+// Quantile is the value of values at fraction q (0 to 1) of their sorted order,
+// the nearest rank: Quantile(v, 0.25) and Quantile(v, 0.75) are the quartiles.
+func Quantile(values []float64, q float64) float64 {
+	sorted := slices.Clone(values)
+	slices.Sort(sorted)
+	return sorted[int(q*float64(len(sorted)-1)+0.5)]
+}

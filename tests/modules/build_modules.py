@@ -8,7 +8,10 @@ writes two libraries:
 - ``OUT_DIR/ffifuncs.so``: ffi_funcs.cc, built with apache-tvm-ffi's C++ export
   macros (complex dtypes, pointer probes, deliberate errors);
 - ``OUT_DIR/cudafuncs.so``: ``add_one`` compiled by apache-tvm for target
-  ``cuda``; its CUDA code needs TVM's CUDA runtime to load.
+  ``cuda``; its CUDA code needs TVM's CUDA runtime to load;
+- ``OUT_DIR/matmul.so``: ``matmul(a, b: float32[512, 512]) -> float32[512, 512]``
+  with a parallel schedule (TVM's thread pool), for this host's CPU: the served
+  throughput benchmark's kernel (tfbridge.BenchmarkServed).
 """
 
 from __future__ import annotations
@@ -124,6 +127,43 @@ def build_cuda_library(out: Path) -> None:
     write_export_library(str(out))
 
 
+#: The served benchmark's matmul size, and the tile the schedule gives each
+#: parallel task: TILE_I rows by TILE_J columns, accumulated in registers.
+MATMUL_SIZE, TILE_I, TILE_J = 512, 8, 16
+
+
+def matmul() -> "tvm.tirx.PrimFunc":
+    """c = a @ b, rows split across TVM's thread pool (``T.parallel``), each task
+    computing 8x16 tiles of c in registers with the columns vectorised."""
+    a = te.placeholder((MATMUL_SIZE, MATMUL_SIZE), name="a", dtype="float32")
+    b = te.placeholder((MATMUL_SIZE, MATMUL_SIZE), name="b", dtype="float32")
+    k = te.reduce_axis((0, MATMUL_SIZE), name="k")
+    c = te.compute((MATMUL_SIZE, MATMUL_SIZE), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
+    block = sch.get_sblock("c")
+    i, j, k = sch.get_loops(block)
+    i_outer, i_inner = sch.split(i, [None, TILE_I])
+    j_outer, j_inner = sch.split(j, [None, TILE_J])
+    sch.reorder(i_outer, j_outer, k, i_inner, j_inner)
+    tile = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(tile, j_outer)
+    sch.parallel(i_outer)
+    sch.unroll(i_inner)
+    sch.vectorize(j_inner)
+    sch.vectorize(sch.get_loops(tile)[-1])
+    sch.decompose_reduction(block, k)
+    return sch.mod["main"].with_attr("global_symbol", "matmul")
+
+
+def build_matmul_library(out: Path) -> None:
+    """matmul for this host's CPU (the library runs where it is built: a benchmark
+    of TVM against TensorFlow's own kernels should not handicap either)."""
+    from tvm.target import codegen
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+    tvm.compile(tvm.IRModule({"matmul": matmul()}), target=target).export_library(str(out))
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +171,7 @@ def main(out_dir: str) -> None:
     lib.export_library(str(out / "testfuncs.so"))
     build_ffi_library(out / "ffifuncs.so")
     build_cuda_library(out / "cudafuncs.so")
+    build_matmul_library(out / "matmul.so")
 
 
 if __name__ == "__main__":

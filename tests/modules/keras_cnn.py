@@ -5,7 +5,9 @@
 The TensorFlow half of the model pipeline: it imports TensorFlow and never TVM
 (their LLVMs clash in one process); build_models.py turns the .tflite files into
 TVM libraries in another process. Writes OUT_DIR/cnn.keras (the reference the
-tests compare with) and OUT_DIR/cnn_b{B}.tflite for each batch size (default 4).
+tests compare with), OUT_DIR/cnn_savedmodel (the same model as a SavedModel, what
+the Go TF bindings load: tfbridge.BenchmarkServed) and OUT_DIR/cnn_b{B}.tflite
+for each batch size (default 4).
 The TFLite route needs a static batch: the TVM frontend compiles fixed shapes.
 """
 
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model()
     model.save(args.out_dir / "cnn.keras")
-    print(f"wrote {args.out_dir / 'cnn.keras'}")
+    model.export(args.out_dir / "cnn_savedmodel", verbose=False)
+    print(f"wrote {args.out_dir / 'cnn.keras'}, {args.out_dir / 'cnn_savedmodel'}")
     for b in args.batch:
         path = args.out_dir / f"cnn_b{b}.tflite"
         path.write_bytes(to_tflite(model, b))
