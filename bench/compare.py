@@ -85,6 +85,16 @@ def per_op(t: Timings, long: str, short: str, length: int) -> list[float]:
     return [(a - b) / (length - 1) for a, b in zip(t.per_call[long], t.per_call[short], strict=True)]
 
 
+def bootstrap_spread(num: list[float], den: list[float], resamples: int = 1000) -> tuple[float, float]:
+    """Quartiles of median(num) / median(den) over rounds drawn again with
+    replacement: the spread of a ratio of medians of slopes, each slope a small
+    difference of two large times, too noisy to divide round by round."""
+    rng = np.random.default_rng(0)
+    rounds = rng.integers(0, len(num), size=(resamples, len(num)))
+    ratios = np.median(np.asarray(num)[rounds], axis=1) / np.median(np.asarray(den)[rounds], axis=1)
+    return quartiles(sorted(ratios.tolist()))
+
+
 def chain_comparison(contenders: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix: str) -> tuple[Timings, Results]:
     """Times chains of CHAIN and of 1 application of each contender, interleaved.
 
@@ -115,20 +125,32 @@ def overhead(lib: Path, rounds: int, *, fold: bool) -> Results:
 
     ``fold=False`` (the headline) turns off the Grappler rewrites that fold the
     tf.add chain into one op; ``fold=True`` keeps TensorFlow's defaults.
+    The headline ``per_op_ratio_vs_tf_add`` is the cost of one application (the
+    slope) with ``inplace={0: 0}``: tf.add writes over its input's buffer when
+    nothing else uses it, and so does the op then. Without it each application
+    allocates its output (``..._allocating``). The ratio of whole CHAIN-long
+    tf.function calls (``chain_ratio``) is diluted by TF's cost of calling a
+    tf.function from Python, the same for both.
     """
     if not fold:
         tf.config.optimizer.set_experimental_options(NO_FOLDING)
-    add_one = tf_op.Module(lib).func("add_one")
+    module = tf_op.Module(lib)
+    contenders = {"tvmdsoop": module.func("add_one"), "tf_add": tf_add_one}
+    if not fold:
+        contenders["tvmdsoop_inplace"] = module.func("add_one", inplace={0: 0})
     x = tf.constant([0.0], dtype=tf.float32)
     prefix = "overhead_grappler_default_" if fold else "overhead_"
-    t, out = chain_comparison({"tvmdsoop": add_one, "tf_add": tf_add_one}, x, rounds, prefix)
-    key = "overhead_ratio_vs_tf_add" + ("_grappler_default" if fold else "")
+    t, out = chain_comparison(contenders, x, rounds, prefix)
+    key = f"{prefix}chain_ratio_vs_tf_add"
     out[key] = t.ratio(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}")
     out[f"{key}_q1"], out[f"{key}_q3"] = t.ratio_spread(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}")
     out[f"{prefix}ratio_x1"] = t.ratio("tvmdsoop_x1", "tf_add_x1")
-    # A ratio of medians: a per-round slope is a small difference of two large
-    # times, too noisy to divide round by round.
-    out[f"{prefix}per_op_ratio"] = float(out[f"{prefix}tvmdsoop_per_op_us"]) / float(out[f"{prefix}tf_add_per_op_us"])
+    tf_add = per_op(t, f"tf_add_x{CHAIN}", "tf_add_x1", CHAIN)
+    for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
+        if name in contenders:
+            ops = per_op(t, f"{name}_x{CHAIN}", f"{name}_x1", CHAIN)
+            out[key] = statistics.median(ops) / statistics.median(tf_add)
+            out[f"{key}_q1"], out[f"{key}_q3"] = bootstrap_spread(ops, tf_add)
     out[f"{prefix}rounds"] = rounds
     return out
 
@@ -174,19 +196,26 @@ def large(lib: Path, rounds: int) -> Results:
     """Items 2 and 4: add-one on large tensors through TVMDSOOp (eager, and in a
     tf.function), the TVM function called directly through tvm_ffi (same input
     buffer, preallocated output), the old way (copies through numpy), and
-    numpy's memcpy rate between preallocated arrays."""
-    add_one = tf_op.Module(lib).func("add_one")
+    numpy's memcpy rate between preallocated arrays; in tf.functions also
+    tf.add, and two applications in place (the second writes over the first's
+    output), whose slope is an application that allocates nothing."""
+    module = tf_op.Module(lib)
+    add_one = module.func("add_one")
     tvm_add_one = tvm_ffi.load_module(str(lib))["add_one"]
-
-    graph_add_one = graph_function(add_one, [tf.TensorSpec([None], tf.float32)])
+    signature = [tf.TensorSpec([None], tf.float32)]
+    graphs = {
+        "tvmdsoop_graph": graph_function(add_one, signature),
+        "tf_add_graph": graph_function(tf_add_one, signature),
+        "inplace_graph_x2": chain(module.func("add_one", inplace={0: 0}), 2, signature),
+    }
 
     out: Results = {"large_rounds": rounds}
     for label, n in LARGE_SIZES.items():
         # Fewer rounds at 64M: one round there takes about half a second.
         size_rounds = rounds if n < (1 << 26) else max(5, rounds * 2 // 3)
-        out.update(large_size(label, n, add_one, graph_add_one, tvm_add_one, size_rounds))
-    for key in ("ratio_vs_direct_tvm", "old_way_ratio_vs_tvmdsoop"):
-        headline = "large_ratio_vs_direct_tvm" if key == "ratio_vs_direct_tvm" else key
+        out.update(large_size(label, n, add_one, graphs, tvm_add_one, size_rounds))
+    for key in ("ratio_vs_direct_tvm", "graph_ratio_vs_direct_tvm", "old_way_ratio_vs_tvmdsoop"):
+        headline = key if key.startswith("old_way") else f"large_{key}"
         for suffix in ("", "_q1", "_q3"):
             out[headline + suffix] = out[f"large_{LARGE_KEY_SIZE}_{key}{suffix}"]
     return out
@@ -196,7 +225,7 @@ def large_size(
     label: str,
     n: int,
     add_one: UnaryOp,
-    graph_add_one: UnaryOp,
+    graphs: dict[str, UnaryOp],
     tvm_add_one: Callable[..., object],
     rounds: int,
 ) -> Results:
@@ -221,6 +250,11 @@ def large_size(
     def direct_numpy_out() -> None:
         tvm_add_one(x_tvm, numpy_out)
 
+    def direct_fresh_out() -> None:
+        # Into a fresh, untouched TF buffer, as the op's own output is: the
+        # difference from direct() is the first touch of its pages.
+        tvm_add_one(x_tvm, tvm_ffi.from_dlpack(tf.raw_ops.Empty(shape=[n], dtype=tf.float32, init=False)))
+
     def old_way() -> tf.Tensor:
         # tvm.contrib days: TF -> numpy copy -> TVM tensor -> call -> TF copy.
         src = tvm_ffi.from_dlpack(x.numpy())
@@ -229,7 +263,8 @@ def large_size(
         return tf.constant(dst)
 
     check(f"tvmdsoop eager {label}", add_one(x), want)
-    check(f"tvmdsoop graph {label}", graph_add_one(x), want)
+    for name, fn in graphs.items():
+        check(f"{name} {label}", fn(x), want + (1 if name == "inplace_graph_x2" else 0))
     direct()
     check(f"direct {label}", direct_out_tf, want)
     direct_numpy_out()
@@ -238,9 +273,10 @@ def large_size(
     del want
     contenders: dict[str, Callable[[], object]] = {
         "tvmdsoop": lambda: add_one(x),
-        "tvmdsoop_graph": lambda: graph_add_one(x),
+        **{name: functools.partial(fn, x) for name, fn in graphs.items()},
         "direct_tvm": direct,
         "direct_tvm_numpy_out": direct_numpy_out,
+        "direct_tvm_fresh_out": direct_fresh_out,
         "old_way": old_way,
         "memcpy": lambda: np.copyto(copy_dst, copy_src),
     }
@@ -251,13 +287,24 @@ def large_size(
     for key, name, base in [
         ("ratio_vs_direct_tvm", "tvmdsoop", "direct_tvm"),
         ("graph_ratio_vs_direct_tvm", "tvmdsoop_graph", "direct_tvm"),
+        ("tf_add_graph_ratio_vs_direct_tvm", "tf_add_graph", "direct_tvm"),
+        ("first_touch_ratio", "direct_tvm_fresh_out", "direct_tvm"),
+        ("graph_ratio_vs_direct_tvm_fresh_out", "tvmdsoop_graph", "direct_tvm_fresh_out"),
         ("ratio_vs_direct_tvm_numpy_out", "tvmdsoop", "direct_tvm_numpy_out"),
         ("old_way_ratio_vs_tvmdsoop", "old_way", "tvmdsoop"),
     ]:
         out[p + key] = t.ratio(name, base)
         out[f"{p}{key}_q1"], out[f"{p}{key}_q3"] = t.ratio_spread(name, base)
+    # The second in-place application (the slope of 2 over 1) writes over the
+    # first's output: no allocation, no first touch.
+    inplace = [(a - b) / d for a, b, d in zip(t.per_call["inplace_graph_x2"], t.per_call["tvmdsoop_graph"],
+                                              t.per_call["direct_tvm"], strict=True)]
+    out[f"{p}graph_inplace_ratio_vs_direct_tvm"] = statistics.median(inplace)
+    out[f"{p}graph_inplace_ratio_vs_direct_tvm_q1"], out[f"{p}graph_inplace_ratio_vs_direct_tvm_q3"] = quartiles(inplace)
     for name in contenders:
         out[f"{p}{name}_ms"] = t.median(name) * 1e3
+        if name == "inplace_graph_x2":  # two applications: its slope is above
+            continue
         out[f"{p}{name}_gbps"] = moved / t.median(name) / 1e9
         if name != "memcpy":
             out[f"{p}{name}_fraction_of_memcpy"] = t.ratio("memcpy", name)

@@ -1,6 +1,6 @@
 """The per-call path of TVMDSOOp, for a profiler.
 
-    .venv/bin/python bench/profile_op.py [--op tvmdsoop|tf_add] [--calls N] [--callgrind]
+    .venv/bin/python bench/profile_op.py [--op tvmdsoop|tvmdsoop_inplace|tf_add] [--calls N] [--callgrind]
 
 Runs a tf.function applying add-one CHAIN times to a 1-element float32 tensor
 (comparison 1 of bench/run.py, Grappler folding off), ``N`` times. With
@@ -30,18 +30,19 @@ import tf_op  # noqa: E402
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--op", choices=("tvmdsoop", "tf_add"), default="tvmdsoop")
+    parser.add_argument("--op", choices=("tvmdsoop", "tvmdsoop_inplace", "tf_add"), default="tvmdsoop")
     parser.add_argument("--calls", type=int, default=2000, help="tf.function calls to profile")
     parser.add_argument("--callgrind", action="store_true", help="toggle callgrind instrumentation around the loop")
     args = parser.parse_args(argv)
 
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False, "constant_folding": False})
-    add_one = tf_op.Module(LIBRARY).func("add_one")
+    inplace = {0: 0} if args.op == "tvmdsoop_inplace" else None
+    add_one = tf_op.Module(LIBRARY).func("add_one", inplace=inplace)
 
     def tf_add_one(x: tf.Tensor) -> tf.Tensor:
         return tf.add(x, 1.0)
 
-    op = add_one if args.op == "tvmdsoop" else tf_add_one
+    op = tf_add_one if args.op == "tf_add" else add_one
 
     def chain(x: tf.Tensor) -> tf.Tensor:
         for _ in range(CHAIN):

@@ -29,8 +29,12 @@ Results = Mapping[str, float | int | str]
 
 #: The headline keys, in the order of the spec, with what each one divides.
 KEYS: list[tuple[str, str]] = [
-    ("overhead_ratio_vs_tf_add", f"time of {CHAIN} TVMDSOOp add-ones / {CHAIN} `tf.add`s, 1 float32, tf.function"),
-    ("large_ratio_vs_direct_tvm", f"TVMDSOOp / direct tvm_ffi call, {LARGE_KEY_SIZE} float32"),
+    (
+        "per_op_ratio_vs_tf_add",
+        f"one application in a tf.function (slope of {CHAIN} over 1), TVMDSOOp `inplace={{0: 0}}` / `tf.add`, 1 float32",
+    ),
+    ("large_ratio_vs_direct_tvm", f"TVMDSOOp eager / direct tvm_ffi call into a buffer made once, {LARGE_KEY_SIZE} float32"),
+    ("large_graph_ratio_vs_direct_tvm", "the same, TVMDSOOp in a tf.function (a fresh output each call)"),
     ("speedup_vs_py_function", "`tf.py_function` + DLPack / TVMDSOOp, per application on 1K float32"),
     ("old_way_ratio_vs_tvmdsoop", f"copy through numpy / TVMDSOOp, {LARGE_KEY_SIZE} float32"),
     ("peak_rss_ratio_vs_tf_add", "extra peak RSS of TVMDSOOp / of `tf.add`, 256 MiB float32"),
@@ -191,6 +195,7 @@ def _overhead_table(r: Results) -> list[str]:
     rows = [
         ("`tf.add(x, 1.0)`, 1 float32", "overhead_tf_add"),
         ("TVMDSOOp, 1 float32", "overhead_tvmdsoop"),
+        ("TVMDSOOp `inplace={0: 0}`, 1 float32", "overhead_tvmdsoop_inplace"),
         ("`tf.add`, 1 float32, Grappler defaults", "overhead_grappler_default_tf_add"),
         ("TVMDSOOp, 1 float32, Grappler defaults", "overhead_grappler_default_tvmdsoop"),
         (f"TVMDSOOp, {PY_FUNCTION_SIZE} float32", "pyfunc_tvmdsoop"),
@@ -214,8 +219,10 @@ def _large_table(r: Results) -> list[str]:
             ("memcpy (numpy copyto)", "memcpy", ""),
             ("direct tvm_ffi, TF output", "direct_tvm", ""),
             ("direct tvm_ffi, numpy output", "direct_tvm_numpy_out", ""),
+            ("direct tvm_ffi, fresh TF output", "direct_tvm_fresh_out", f"{_f(r[p + 'first_touch_ratio'])}× direct"),
             ("TVMDSOOp eager", "tvmdsoop", f"{_f(r[p + 'ratio_vs_direct_tvm'])}× direct"),
             ("TVMDSOOp in tf.function", "tvmdsoop_graph", f"{_f(r[p + 'graph_ratio_vs_direct_tvm'])}× direct"),
+            ("`tf.add` in tf.function", "tf_add_graph", f"{_f(r[p + 'tf_add_graph_ratio_vs_direct_tvm'])}× direct"),
             ("old way (copies)", "old_way", f"{_f(r[p + 'old_way_ratio_vs_tvmdsoop'])}× TVMDSOOp"),
         ]
         for label, name, ratio in rows:
@@ -325,19 +332,24 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
 
 ## What is compared
 
-1. **Per-op overhead** (`overhead_ratio_vs_tf_add`): a `tf.function` applying add-one
+1. **Per-op cost** (`per_op_ratio_vs_tf_add`): a `tf.function` applying add-one
    {CHAIN} times in sequence to a 1-element float32 tensor: TVMDSOOp
-   (`tf_op.Module(lib).func("add_one")`) against `tf.add(x, 1.0)`. Grappler's
+   (`tf_op.Module(lib).func("add_one", inplace={{0: 0}})`) against `tf.add(x, 1.0)`,
+   per application: the slope between the {CHAIN}- and the 1-application function,
+   a ratio of median slopes (brackets: its quartiles over rounds drawn again with
+   replacement). `tf.add` writes over its input's buffer when nothing else uses it;
+   with `inplace` the op does too, so the headline compares like with like; without
+   it (each application allocating its output) the ratio is in the details, and so is
+   the ratio of whole {CHAIN}-application calls, diluted by TF's cost of calling a
+   `tf.function` from Python, the same for both. Grappler's
    arithmetic optimisation and constant folding are turned off in this process:
    with them, TensorFlow folds the {CHAIN} `tf.add`s into one `AddV2` (checked on the
    optimised graph), which it cannot do for a custom op, and the comparison would
    no longer compare ops. The figure with TensorFlow's defaults is in the details.
-   Chains of 1 are timed too, so the cost of one application (the slope) is known
-   apart from the cost of calling the `tf.function`.
 2. **Large tensors** (`large_ratio_vs_direct_tvm`, at {key_size}): add-one on 1M, 16M and 64M
-   float32 through TVMDSOOp (the eager call is the key; the `tf.function` call is
-   reported too) against the same TVM function called directly through `tvm_ffi`
-   on the same input buffer with a preallocated output. The direct call's output is
+   float32 through TVMDSOOp (eager, and in a `tf.function`:
+   `large_graph_ratio_vs_direct_tvm`, with `tf.add` in one beside it) against the
+   same TVM function called directly through `tvm_ffi` on the same input buffer with a preallocated output. The direct call's output is
    a TF tensor allocated once and written in place through DLPack, so both sides
    write memory from TF's allocator; with a numpy output (also reported) the direct
    call is a little faster at 16M, because numpy asks for transparent huge pages on
@@ -438,8 +450,10 @@ quartiles of those per-round ratios. Times and GB/s are medians over rounds.
 Per application = (time of the {CHAIN}-application `tf.function` − time of the
 1-application one) / {CHAIN - 1}, per round, median; the per-application ratios below divide
 those medians. With TensorFlow's default Grappler the
-{CHAIN}-application ratio is {_f(r["overhead_ratio_vs_tf_add_grappler_default"])} (the `tf.add` chain runs as one op).
-Per application, TVMDSOOp costs {_f(r["overhead_per_op_ratio"], 1)}× a `tf.add` on one element; a
+{CHAIN}-application ratio is {_f(r["overhead_grappler_default_chain_ratio_vs_tf_add"])} (the `tf.add` chain runs as one op),
+with Grappler's folding off {_times(r, "overhead_chain_ratio_vs_tf_add")}. Per application, TVMDSOOp
+costs {_times(r, "per_op_ratio_vs_tf_add")} a `tf.add` on one element in place, {_times(r, "per_op_ratio_vs_tf_add_allocating")}
+allocating its output; a
 `tf.py_function` costs {_f(r["pyfunc_speedup_per_op"], 0)}× a TVMDSOOp on {PY_FUNCTION_SIZE} elements; a single
 application in its own `tf.function` is {_f(r["pyfunc_speedup_x1"])}× faster through TVMDSOOp, the
 `tf.function` call itself (about {_f(r["overhead_tf_add_x1_us"], 0)} µs here) dominating both.
@@ -452,7 +466,14 @@ At 1M the fixed cost of a call (the Python wrapper and TF's dispatch, tens to
 hundreds of µs on this machine) is still comparable to the 0.3 ms of work. At 16M an
 eager TVMDSOOp call takes {_times(r, "large_16M_ratio_vs_direct_tvm")} the direct call's time, at 64M
 {_times(r, "large_64M_ratio_vs_direct_tvm")}; against a direct call writing a numpy output,
-{_times(r, "large_16M_ratio_vs_direct_tvm_numpy_out")} at 16M. The old way moves every byte three
+{_times(r, "large_16M_ratio_vs_direct_tvm_numpy_out")} at 16M. In a `tf.function` the op takes
+{_times(r, "large_16M_graph_ratio_vs_direct_tvm")} the direct call's time at 16M (`tf.add`:
+{_times(r, "large_16M_tf_add_graph_ratio_vs_direct_tvm")}): both write a fresh 64 MiB output on every call. The
+direct call into a fresh TF buffer takes {_times(r, "large_16M_first_touch_ratio")} its time into the buffer made
+once (the first touch of the pages: TF's allocator does not ask for huge pages), and the op
+{_times(r, "large_16M_graph_ratio_vs_direct_tvm_fresh_out")} the former. An application that
+writes over its input (`inplace={{0: 0}}`, the second of two) takes {_times(r, "large_16M_graph_inplace_ratio_vs_direct_tvm")}
+the direct call. The old way moves every byte three
 times instead of once (a copy out, the call, a copy back, into freshly allocated
 memory) and takes {old_low:.1f}–{old_high:.1f}× the op's time.
 

@@ -264,7 +264,7 @@ def environment() -> Results:
 
 
 def summary(results: Results) -> str:
-    lines = ["", f"{'key':<28} {'median':>9}  {'goal':<8} met", "-" * 52]
+    lines = ["", f"{'key':<34} {'median':>9}  {'goal':<8} met", "-" * 58]
     for key, _ in KEYS:
         value = float(results[key])
         if key in GOALS:
@@ -272,7 +272,7 @@ def summary(results: Results) -> str:
             goal, met = f"{op} {bound:g}", "yes" if goal_met(key, value) else "NO"
         else:
             goal, met = "-", "-"
-        lines.append(f"{key:<28} {value:>9.2f}  {goal:<8} {met}")
+        lines.append(f"{key:<34} {value:>9.2f}  {goal:<8} {met}")
     lines += [
         "",
         f"per application: TVMDSOOp {float(results['overhead_tvmdsoop_per_op_us']):.2f} us, "

@@ -390,10 +390,16 @@ class CallKernel : public OpKernel {
       const bool is_input = i < num_in;
       Tensor* out = nullptr;
       if (!is_input) {
-        const Status allocated = ctx->allocate_output(i - num_in, out_shapes[i - num_in], &out);
+        // An output declared in place takes its input's buffer when TF allows it
+        // (no other user of the input, same dtype and size and memory type).
+        const int o = i - num_in;
+        const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
+        const Status allocated =
+            reuse < 0 ? ctx->allocate_output(o, out_shapes[o], &out)
+                      : ctx->forward_input_or_allocate_output({reuse}, o, out_shapes[o], &out);
         OP_REQUIRES(ctx, allocated.ok(),
                     Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
-                                                          out_shapes[i - num_in].DebugString(), ": ",
+                                                          out_shapes[o].DebugString(), ": ",
                                                           allocated.message())));
       }
       const Tensor& t = is_input ? ctx->input(i) : *out;
@@ -402,8 +408,9 @@ class CallKernel : public OpKernel {
                   errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
                                           tensorflow::DataTypeString(t.dtype()),
                                           ", which DLPack cannot describe"));
-      char* data = const_cast<char*>(t.tensor_data().data());
-      const size_t size = t.TotalBytes();
+      const absl::string_view bytes = t.tensor_data();
+      char* data = const_cast<char*>(bytes.data());
+      const size_t size = bytes.size();
       if (size > 0 && !IsAligned(data, alignment_)) {
         char* aligned = nullptr;
         const Status got = placement.Scratch(ctx, size, alignment_, &aligned);
@@ -548,6 +555,9 @@ class CallKernel : public OpKernel {
   }
 
   int64_t alignment_ = 64;
+  // For each output, the input whose buffer it may be written over, or -1;
+  // empty when none may (see the inplace attr).
+  std::vector<int> inplace_;
 
  private:
   // Makes what a function returned output i: checked against the declared dtype
@@ -655,6 +665,7 @@ class TVMDSOOpKernel : public CallKernel {
     for (const PartialTensorShape& s : output_shapes_) {
       for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
     }
+    OP_REQUIRES_OK(ctx, ReadInplace(ctx));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -679,6 +690,9 @@ class TVMDSOOpKernel : public CallKernel {
     const std::string& where = fn->where;
     const Tensor& dims = ctx->input(num_in);
     if (fn->is_model() || returns_) {
+      OP_REQUIRES(ctx, inplace_.empty(),
+                  errors::InvalidArgument(where, ": returns its outputs, so no output can be "
+                                          "written over an input (inplace must be empty)"));
       // Sizes a returning function's outputs have are what it returns: there
       // are none to give, and a -1 in output_shapes is a dimension not checked.
       OP_REQUIRES(ctx, dims.NumElements() == 0,
@@ -718,6 +732,38 @@ class TVMDSOOpKernel : public CallKernel {
   }
 
  private:
+  // Reads the inplace attr: empty, or one entry per output, each -1 or an
+  // input of the output's dtype.
+  Status ReadInplace(OpKernelConstruction* ctx) {
+    TF_RETURN_IF_ERROR(ctx->GetAttr("inplace", &inplace_));
+    if (inplace_.empty()) return Status();
+    const std::string where = absl::StrCat(type_string(), ": function '", func_name(), "': inplace");
+    if (returns_) {
+      return errors::InvalidArgument(where, ": the function returns its outputs (returns=True), so "
+                                     "no output can be written over an input");
+    }
+    if (static_cast<int>(inplace_.size()) != num_outputs()) {
+      return errors::InvalidArgument(where, " has ", inplace_.size(), " entries for ",
+                                     num_outputs(), " outputs");
+    }
+    const int num_in = num_inputs() - 2;
+    for (int o = 0; o < num_outputs(); ++o) {
+      const int i = inplace_[o];
+      if (i == -1) continue;
+      if (i < 0 || i >= num_in) {
+        return errors::InvalidArgument(where, ": output ", o, " names input ", i,
+                                       ", but the op has ", num_in, " input(s)");
+      }
+      if (input_type(i) != output_type(o)) {
+        return errors::InvalidArgument(where, ": output ", o, " (",
+                                       tensorflow::DataTypeString(output_type(o)),
+                                       ") cannot be written over input ", i, " (",
+                                       tensorflow::DataTypeString(input_type(i)), ")");
+      }
+    }
+    return Status();
+  }
+
   bool returns_ = false;  // a plain function that returns its outputs
   std::string lib_sha256_;
   std::vector<PartialTensorShape> output_shapes_;
@@ -875,6 +921,7 @@ REGISTER_OP("TVMDSOOp")
     .Attr("grad_func: string = ''")
     .Attr("grad_lib_sha256: string = ''")
     .Attr("grad_returns: bool = false")
+    .Attr("inplace: list(int) = []")
     .SetShapeFn(TVMDSOOpShapeWithContext)
     .Doc(R"doc(
 Calls function `func_name` of the TVM module at path `library` with the inputs,
@@ -898,6 +945,10 @@ returns: the function returns its outputs instead of writing them (implied for
   the functions of a model).
 alignment: the least alignment, in bytes, of every buffer handed to TVM; misaligned
   buffers are copied through aligned scratch memory.
+inplace: empty, or for each output the input whose buffer it may be written over
+  (-1: none). TF hands that buffer over only when nothing else uses the input and
+  its dtype and size are the output's; else the output is allocated. For
+  functions that tolerate it (element-wise ones); not for returning functions.
 )doc");
 
 // The interface of TVM 0.7-0.19's op, unchanged, so its GraphDefs and SavedModels load.

@@ -7,7 +7,7 @@ import dataclasses
 import hashlib
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -118,6 +118,7 @@ class Module(tf.Module):
         device: str | None = None,
         returns: bool | None = None,
         grad: str | Func | None = None,
+        inplace: Mapping[int, int] | None = None,
     ) -> Func:
         """The function ``name`` of the module, as a callable that adds a TVMDSOOp.
 
@@ -149,6 +150,11 @@ class Module(tf.Module):
             module travels with SavedModels as an asset of its own. It is called
             with the inputs, the outputs and one upstream gradient per output,
             and gives one gradient per floating-point or complex input, in order.
+          inplace: ``{output: input}``: outputs the function may write over an
+            input's buffer (an element-wise function can). TensorFlow hands the
+            buffer over only when nothing else uses the input (else the output
+            is allocated, and the input keeps its values); the dtypes must match.
+            Not for functions that return their outputs.
         """
         if self.is_model and returns is False:
             raise ValueError(f"tf_op: {self.lib_path} is a whole model: its function {name!r} returns its outputs")
@@ -158,7 +164,7 @@ class Module(tf.Module):
         return Func(
             self, name, output_shape, output_dtype, alignment,
             output_shapes=output_shapes, output_dtypes=output_dtypes, device=device,
-            returns=returns, grad=grad,
+            returns=returns, grad=grad, inplace=inplace,
         )
 
     def __getitem__(self, name: str) -> Func:
@@ -198,6 +204,9 @@ class _Outputs:
 
     shapes: tuple[ShapeLike, ...]
     dtypes: tuple[tf.DType | None, ...]
+    #: The op's ``inplace`` attr: per output, the input it may be written over
+    #: (-1: none); empty when none may.
+    inplace: tuple[int, ...]
 
 
 class Func(tf.Module):
@@ -220,6 +229,7 @@ class Func(tf.Module):
         device: str | None = None,
         returns: bool = False,
         grad: Func | None = None,
+        inplace: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.module = module
@@ -257,7 +267,11 @@ class Func(tf.Module):
                 _check_returned_shape(shape, f"tf_op: {self}: output {i} shape")
             else:
                 _check_shape(shape, f"tf_op: {self}: output {i} shape")
-        self._outputs = _Outputs(tuple(shapes), tuple(None if d is None else tf.as_dtype(d) for d in dtypes))
+        self._outputs = _Outputs(
+            tuple(shapes),
+            tuple(None if d is None else tf.as_dtype(d) for d in dtypes),
+            self._inplace_attr(inplace, len(shapes)),
+        )
         # Variables giving sizes are tracked, so that they are saved with the function.
         self._shape_variables = [v for v in _flatten(shapes) if isinstance(v, tf.Variable)]
         self.alignment = alignment
@@ -270,6 +284,30 @@ class Func(tf.Module):
     @property
     def output_dtypes(self) -> list[tf.DType | None]:
         return list(self._outputs.dtypes)
+
+    @property
+    def inplace(self) -> dict[int, int]:
+        """``{output: input}``: the outputs that may be written over an input."""
+        return {o: i for o, i in enumerate(self._outputs.inplace) if i >= 0}
+
+    def _inplace_attr(self, inplace: Mapping[int, int] | None, num_outputs: int) -> tuple[int, ...]:
+        """The op's inplace attr for ``{output: input}``. The inputs' count and
+        dtypes are known when the op is made: the op checks those."""
+        if not inplace:
+            return ()
+        if not isinstance(inplace, Mapping):
+            raise TypeError(f"tf_op: {self}: inplace must map outputs to inputs ({{0: 0}}), got {inplace!r}")
+        if self.returns:
+            raise ValueError(f"tf_op: {self}: returns its outputs, so none can be written over an input (inplace)")
+        attr = [-1] * num_outputs
+        for o, i in inplace.items():
+            if not _is_int(o) or not 0 <= o < num_outputs or not _is_int(i) or i < 0:
+                raise ValueError(
+                    f"tf_op: {self}: inplace maps an output (0 to {num_outputs - 1}) to an input (>= 0), "
+                    f"got {o!r}: {i!r}"
+                )
+            attr[o] = int(i)
+        return tuple(attr)
 
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
@@ -290,7 +328,9 @@ class Func(tf.Module):
                 shapes.append(static)
                 dims.extend(dynamic)
             output_dims = tf.concat(dims, axis=0) if dims else _no_dims()
-            library, grad_attrs = self._library_and_grad()
+            library, attrs = self._library_and_grad()
+            if self._outputs.inplace:
+                attrs["inplace"] = list(self._outputs.inplace)
             outputs = _library.load().tvmdso_op(
                 args=inputs,
                 output_dims=output_dims,
@@ -301,7 +341,7 @@ class Func(tf.Module):
                 lib_sha256=self.module.sha256,
                 alignment=self.alignment,
                 returns=self.returns,
-                **grad_attrs,
+                **attrs,
             )
         return tuple(outputs) if self.multiple_outputs else outputs[0]
 

@@ -52,6 +52,23 @@ void PointerProbe(TensorView x, TensorView out) {
   o[1] = reinterpret_cast<int64_t>(o);
 }
 
+// y = x + 1 (float32), and where = {x's address, y's address}: an element-wise
+// function that may write y over x (inplace={0: 0}); the tests see from where
+// whether TensorFlow gave it x's buffer for y.
+void AddOneNotingBuffers(TensorView x, TensorView y, TensorView where) {
+  CheckDtype(x, kDLFloat, 32, "float32");
+  CheckDtype(y, kDLFloat, 32, "float32");
+  CheckDtype(where, kDLInt, 64, "int64");
+  if (NumElements(x) != NumElements(y)) TVM_FFI_THROW(ValueError) << "x and y differ in size";
+  if (NumElements(where) != 2) TVM_FFI_THROW(ValueError) << "where must hold 2 elements";
+  const auto* in = reinterpret_cast<const float*>(static_cast<char*>(x.data_ptr()) + x.byte_offset());
+  auto* out = reinterpret_cast<float*>(static_cast<char*>(y.data_ptr()) + y.byte_offset());
+  for (int64_t i = 0; i < NumElements(x); ++i) out[i] = in[i] + 1.0f;
+  auto* w = static_cast<int64_t*>(where.data_ptr());
+  w[0] = reinterpret_cast<int64_t>(in);
+  w[1] = reinterpret_cast<int64_t>(out);
+}
+
 // Always fails, the way a TVM function reports a bad argument.
 void RaiseValueError(TensorView x, TensorView y) {
   TVM_FFI_THROW(ValueError) << "deliberate failure from raise_value_error";
@@ -152,5 +169,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(fill, Fill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex64, Conj<float>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(conj_complex128, Conj<double>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pointer_probe, PointerProbe);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(add_one_noting_buffers, AddOneNotingBuffers);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(raise_value_error, RaiseValueError);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(raise_runtime_error, RaiseRuntimeError);

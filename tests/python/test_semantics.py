@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
@@ -16,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
+from tf_op import _library
 from helpers import TVM_DTYPES, buffer_address, legacy_graph, run_in_threads, run_python
 
 
@@ -240,6 +242,106 @@ def test_misaligned_buffers_go_through_aligned_scratch(ffi: tf_op.Module, mod: t
 def test_slices_give_right_values(mod: tf_op.Module) -> None:
     x = tf.constant(np.arange(17, dtype=np.float32))
     np.testing.assert_array_equal(mod.func("add_one")(x[1:]).numpy(), np.arange(1, 17) + 1)
+
+
+# --- in-place outputs (inplace={output: input}) -------------------------------------
+
+
+def _noting(ffi: tf_op.Module, **options: object) -> tf_op.Func:
+    """y = x + 1 written over x where TF allows, and where = [x's address, y's]."""
+    return ffi.func("add_one_noting_buffers", output_shapes=[None, [2]], output_dtypes=[None, "int64"], **options)
+
+
+def _chain_of_two(fn: tf_op.Func) -> Callable[[tf.Tensor], tuple[tf.Tensor, ...]]:
+    @tf.function(input_signature=[tf.TensorSpec([64], tf.float32)])
+    def chain(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        y1, where1 = fn(x)
+        y2, where2 = fn(y1)  # y1 has no other user: its buffer may become y2
+        return y2, where1, where2
+
+    return chain
+
+
+def test_inplace_output_takes_the_buffer_of_an_unused_input(ffi: tf_op.Module) -> None:
+    x = tf.constant(np.arange(64, dtype=np.float32))
+    y, where1, where2 = _chain_of_two(_noting(ffi, inplace={0: 0}))(x)
+    np.testing.assert_array_equal(y.numpy(), np.arange(64) + 2)
+    assert where2[0] == where2[1], "y1's buffer was not reused for y2"
+    # x is the caller's, still in use: never written over.
+    assert where1[0] != where1[1]
+    np.testing.assert_array_equal(x.numpy(), np.arange(64))
+
+
+def test_without_inplace_every_output_is_allocated(ffi: tf_op.Module) -> None:
+    _, where1, where2 = _chain_of_two(_noting(ffi))(tf.constant(np.zeros(64, np.float32)))
+    assert where1[0] != where1[1] and where2[0] != where2[1]
+
+
+def test_inplace_never_writes_over_a_tensor_still_in_use(ffi: tf_op.Module) -> None:
+    fn = _noting(ffi, inplace={0: 0})
+
+    @tf.function(input_signature=[tf.TensorSpec([64], tf.float32)])
+    def kept(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        h = x * 2.0  # a fresh buffer, but returned too: it has two users
+        y, where = fn(h)
+        return h, y, where
+
+    x = np.arange(64, dtype=np.float32)
+    h, y, where = kept(tf.constant(x))
+    np.testing.assert_array_equal(h.numpy(), 2 * x)
+    np.testing.assert_array_equal(y.numpy(), 2 * x + 1)
+    assert where[0] != where[1]
+    # Eagerly, the caller holds every input.
+    x_tf = tf.constant(x)
+    y, where = fn(x_tf)
+    np.testing.assert_array_equal(x_tf.numpy(), x)
+    np.testing.assert_array_equal(y.numpy(), x + 1)
+    assert where[0] == buffer_address(x_tf) != where[1]
+
+
+def test_inplace_survives_a_saved_model(ffi: tf_op.Module, tmp_path: Path) -> None:
+    holder = tf.Module()
+    holder.fn = _noting(ffi, inplace={0: 0})
+    holder.chain = _chain_of_two(holder.fn)
+    tf.saved_model.save(holder, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    y, _, where2 = loaded.chain(tf.constant(np.ones(64, np.float32)))
+    np.testing.assert_array_equal(y.numpy(), np.full(64, 3, np.float32))
+    assert where2[0] == where2[1]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        ({"inplace": {2: 0}}, ValueError, r"inplace maps an output \(0 to 1\) to an input \(>= 0\), got 2: 0"),
+        ({"inplace": {0: -1}}, ValueError, r"inplace maps an output .*, got 0: -1"),
+        ({"inplace": [0]}, TypeError, r"inplace must map outputs to inputs"),
+        ({"inplace": {0: 0}, "returns": True}, ValueError, r"returns its outputs, so none can be written over"),
+    ],
+)
+def test_inplace_checked_when_the_function_is_made(ffi: tf_op.Module, options: dict, error: type, pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        _noting(ffi, **options)
+
+
+@pytest.mark.parametrize(
+    ("attr", "pattern"),
+    [
+        ([0], r"inplace has 1 entries for 2 outputs"),
+        ([1, -1], r"inplace: output 0 names input 1, but the op has 1 input"),
+        ([-1, 0], r"inplace: output 1 \(int64\) cannot be written over input 0 \(float\)"),
+        ([-2, -1], r"inplace: output 0 names input -2"),
+    ],
+)
+def test_inplace_checked_by_the_op(ffi: tf_op.Module, attr: list[int], pattern: str) -> None:
+    """Graphs made elsewhere (Go, raw ops) reach the op's own checks."""
+    fn = _noting(ffi)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="function 'add_one_noting_buffers': " + pattern):
+        _library.load().tvmdso_op(
+            args=[tf.zeros([64])], output_dims=tf.zeros([0], tf.int64), library=ffi.lib_path,
+            Tout=[tf.float32, tf.int64], output_shapes=[tf.TensorShape(None), [2]],
+            func_name=fn.func_name, inplace=attr,
+        )
 
 
 # --- the error contract: docs/errors.md, one test per row --------------------------
