@@ -34,7 +34,9 @@ int dsoop_go_tensor(const DLTensor* d, uintptr_t data, TVMFFIObjectHandle* out, 
   DLManagedTensor* m = (DLManagedTensor*)malloc(sizeof(DLManagedTensor) + dims * sizeof(int64_t));
   if (m == NULL) return dsoop_error_set(err, "MemoryError", "out of memory for a tensor");
   int64_t* shape = (int64_t*)(m + 1);
-  memcpy(shape, d->shape, (size_t)d->ndim * sizeof(int64_t));
+  // A 0-dim tensor may come with a NULL shape: memcpy's source must not be NULL
+  // even for 0 bytes.
+  if (d->ndim > 0) memcpy(shape, d->shape, (size_t)d->ndim * sizeof(int64_t));
   m->dl_tensor = *d;
   m->dl_tensor.data = (void*)data;
   m->dl_tensor.shape = shape;
