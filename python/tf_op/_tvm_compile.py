@@ -103,7 +103,9 @@ def tune(mod: Any, target: Any, trials: int) -> Any:
     static_shape_tuning pipeline, with the build step below)."""
     import tvm
     from tvm import relax
+    from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
     start = time.perf_counter()
     with target:
@@ -114,11 +116,27 @@ def tune(mod: Any, target: Any, trials: int) -> Any:
     per_task = max(1, -(-trials // len(tasks)))
     progress(f"tuning {len(tasks)} kernels, {trials} trials in all (up to {per_task} each): "
              "MetaSchedule's own log follows on stderr")
+
+    @derived_object
+    class Progress(PyMeasureCallback):
+        """Says how far tuning has got after each batch of candidates is measured."""
+
+        def __init__(self) -> None:
+            self.measured = 0
+
+        def apply(self, task_scheduler: Any, task_id: int, candidates: list[Any], *results: Any) -> None:
+            if not candidates:  # a task whose search space is spent asks again with none
+                return
+            self.measured += len(candidates)
+            progress(f"tuning: {self.measured} of {trials} trials measured "
+                     f"({time.perf_counter() - start:.0f} s)")
+
     with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
         database = ms.relax_integration.tune_relax(
             mod, params={}, target=target, work_dir=work_dir, max_trials_global=trials,
             max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
-            builder=ms.builder.LocalBuilder(f_build=build_candidate), database="memory")
+            builder=ms.builder.LocalBuilder(f_build=build_candidate), database="memory",
+            measure_callbacks=[*ms.MeasureCallback.create("default"), Progress()])
     # A kernel none of whose candidates built and ran keeps its untuned form:
     # say how many did, and fail when none did (the user asked for tuning).
     tuned = sum(database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None

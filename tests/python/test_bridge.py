@@ -250,6 +250,7 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
     np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
+    assert re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "no progress while tuning"
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text), "tuning found nothing to apply"
     assert '"trials": 16' in caplog.text
     compile(model, cache_dir=tmp_path, batch_sizes=[4])
