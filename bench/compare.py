@@ -1,9 +1,8 @@
 """One comparison in this process, its figures written as flat JSON (docs/benchmarks.md
-says what each measures); or one memory figure; or comparison 1's chain for a profiler.
+says what each measures), or one memory figure.
 
     python bench/compare.py {overhead,overhead_grappler,py_function,large,model,bridge} --out OUT.json
     python bench/compare.py memory {baseline,tvmdsoop,tf_add}
-    python bench/compare.py profile [tvmdsoop|tvmdsoop_inplace|tf_add] [--calls N] [--callgrind]
 
 One process each, so that no comparison inherits another's allocator or cache state.
 TVM's compiler never enters it (tf_op.compile runs TVM in child processes).
@@ -19,16 +18,15 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import cast
 
-from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODEL_CHAIN,
-                    MODELS_DIR, PY_FUNCTION_SIZE, ROOT, VM_DIRECT, quiet_tensorflow)
+from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
+                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, VM_DIRECT)
 
-quiet_tensorflow()
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's import: no start-up logging
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -52,20 +50,13 @@ def graph_function(fn: UnaryOp, signature: list[tf.TensorSpec]) -> UnaryOp:
 
 def chain(op: UnaryOp, length: int, signature: list[tf.TensorSpec]) -> UnaryOp:
     """A tf.function applying ``op`` ``length`` times in sequence."""
-
-    def applied(x: tf.Tensor) -> tf.Tensor:
-        for _ in range(length):
-            x = op(x)
-        return x
-
-    return graph_function(applied, signature)
+    return graph_function(lambda x: functools.reduce(lambda y, _: op(y), range(length), x), signature)
 
 
 def sequenced(fn: UnaryOp, length: int, signature: list[tf.TensorSpec]) -> UnaryOp:
-    """A tf.function calling ``fn`` ``length`` times on its input, each call after the one
-    before, returning the sum: no TF op per call but the call (feeding each call from
-    the last would add some), none merged (different control inputs), and none pruned
-    (Grappler turns a node whose output feeds only control dependencies into a NoOp)."""
+    """A tf.function calling ``fn`` ``length`` times on its input, each after the one before,
+    returning the sum: no TF op per call but the call, none merged (different control
+    inputs), none pruned (Grappler makes a node whose output feeds only control inputs a NoOp)."""
 
     def applied(x: tf.Tensor) -> tf.Tensor:
         ys = [fn(x)]
@@ -77,8 +68,7 @@ def sequenced(fn: UnaryOp, length: int, signature: list[tf.TensorSpec]) -> Unary
     return graph_function(applied, signature)
 
 
-def tf_add_one(x: tf.Tensor) -> tf.Tensor:
-    return tf.add(x, 1.0)
+tf_add_one: UnaryOp = functools.partial(tf.add, y=1.0)
 
 
 def aligned_empty(n: int, alignment: int = 64) -> np.ndarray:
@@ -88,8 +78,7 @@ def aligned_empty(n: int, alignment: int = 64) -> np.ndarray:
     return raw[offset : offset + n]
 
 
-def check(name: str, got: tf.Tensor | np.ndarray, want: np.ndarray, tol: float = 0.0) -> None:
-    """Fails the run when a contender computes the wrong thing."""
+def check(name: str, got: tf.Tensor | np.ndarray, want: np.ndarray, tol: float = 0.0) -> None:  # fails the run
     np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol, err_msg=name)
 
 
@@ -99,6 +88,11 @@ def put(out: Results, key: str, values: list[float]) -> None:
     out[f"{key}_q1"], out[f"{key}_q3"] = quartiles(values)
 
 
+def alias(out: Results, key: str, source: str) -> None:  # a headline key: source's figure and quartiles
+    for suffix in ("", "_q1", "_q3"):
+        out[key + suffix] = out[source + suffix]
+
+
 def per_op(t: Timings, name: str, length: int) -> list[float]:
     """Seconds per application, per round: (``name`` x``length`` - ``name`` x1) / (length - 1)."""
     return [(a - b) / (length - 1) for a, b in zip(t.per_call[f"{name}_x{length}"], t.per_call[f"{name}_x1"],
@@ -106,8 +100,7 @@ def per_op(t: Timings, name: str, length: int) -> list[float]:
 
 
 def bootstrap_spread(num: list[float], den: list[float], resamples: int = 1000) -> tuple[float, float]:
-    """Quartiles of median(num) / median(den) over rounds drawn again with replacement
-    (a slope is too noisy to divide round by round)."""
+    """Quartiles of median(num) / median(den) over rounds drawn again (slopes: too noisy to divide)."""
     rounds = np.random.default_rng(0).integers(0, len(num), size=(resamples, len(num)))
     ratios = np.median(np.asarray(num)[rounds], axis=1) / np.median(np.asarray(den)[rounds], axis=1)
     return quartiles(sorted(ratios.tolist()))
@@ -117,8 +110,7 @@ def slope_comparison(fns: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix:
                      build: Callable[..., UnaryOp] = chain, per: str = "per_op",
                      check_output: Callable[[str, int, tf.Tensor], None] | None = None,
                      others: Contenders | None = None) -> tuple[Timings, Results]:
-    """Each of ``fns`` built (``build``) ``length`` times and once, checked, timed interleaved
-    with ``others``: µs per tf.function call (``{prefix}{name}_x{n}_us``) and per application."""
+    """Each of ``fns`` built ``length`` times and once, checked, timed with ``others``: µs per call, per application."""
     calls: Contenders = {}
     for name, fn in fns.items():
         for n in (length, 1):
@@ -134,7 +126,7 @@ def slope_comparison(fns: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix:
     return t, out
 
 
-def overhead(rounds: int, *, fold: bool) -> Results:
+def overhead(rounds: int, *, fold: bool = False) -> Results:
     """1: TVMDSOOp add-ones against tf.adds on 1 float32; ``fold``: Grappler's defaults."""
     if not fold:
         tf.config.optimizer.set_experimental_options(NO_FOLDING)
@@ -179,84 +171,57 @@ def py_function(rounds: int) -> Results:
     return out
 
 
-#: The large-tensor ratios: key, numerator, denominator (each at every size).
-LARGE_RATIOS = (
-    ("ratio_vs_direct_tvm", "tvmdsoop", "direct_tvm"),
-    ("graph_ratio_vs_direct_tvm", "tvmdsoop_graph", "direct_tvm"),
-    ("tf_add_graph_ratio_vs_direct_tvm", "tf_add_graph", "direct_tvm"),
-    ("first_touch_ratio", "direct_tvm_fresh_out", "direct_tvm"),
-    ("graph_ratio_vs_direct_tvm_fresh_out", "tvmdsoop_graph", "direct_tvm_fresh_out"),
-    ("ratio_vs_direct_tvm_numpy_out", "tvmdsoop", "direct_tvm_numpy_out"),
-    ("old_way_ratio_vs_tvmdsoop", "old_way", "tvmdsoop"),
-)
-
-
 def large(rounds: int) -> Results:
     """2 and 4: add-one on large tensors (fewer rounds at 64M: half a second each)."""
-    module = tf_op.Module(LIBRARY)
-    signature = [tf.TensorSpec([None], tf.float32)]
-    graphs = {"tvmdsoop_graph": graph_function(module.func("add_one"), signature),
-              "tf_add_graph": graph_function(tf_add_one, signature),
+    module, signature = tf_op.Module(LIBRARY), [tf.TensorSpec([None], tf.float32)]
+    add_one, tvm_add_one = module.func("add_one"), tvm_ffi.load_module(str(LIBRARY))["add_one"]
+    graphs = {"tvmdsoop_graph": graph_function(add_one, signature), "tf_add_graph": graph_function(tf_add_one, signature),
               "inplace_graph_x2": chain(module.func("add_one", inplace={0: 0}), 2, signature)}
     out: Results = {"large_rounds": rounds}
     for label, n in LARGE_SIZES.items():
-        out.update(large_size(label, n, module.func("add_one"), graphs, rounds if n < 1 << 26 else max(5, rounds * 2 // 3)))
+        x = tf.random.uniform([n], dtype=tf.float32)
+        want = x.numpy() + np.float32(1)
+        x_tvm = tvm_ffi.from_dlpack(x)  # TF's buffer, seen by TVM, no copy
+        # The direct call writes a TF tensor made once, so both sides write TF's memory; also numpy's
+        # (numpy asks the kernel for huge pages on arrays of 4 MiB and more; TF's allocator does not).
+        direct_out_tf = tf.zeros([n], dtype=tf.float32)
+        direct_out, numpy_out = tvm_ffi.from_dlpack(direct_out_tf), aligned_empty(n)
+        numpy_out.fill(0)  # fault the pages in before timing
+        copy_src, copy_dst = np.ones(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+
+        def old_way(x: tf.Tensor = x, n: int = n) -> tf.Tensor:
+            # tvm.contrib days: TF -> numpy copy -> TVM tensor -> call -> TF copy.
+            dst = np.empty(n, dtype=np.float32)
+            tvm_add_one(tvm_ffi.from_dlpack(x.numpy()), dst)
+            return tf.constant(dst)
+
+        contenders: Contenders = {
+            "tvmdsoop": functools.partial(add_one, x), **{name: functools.partial(fn, x) for name, fn in graphs.items()},
+            "direct_tvm": functools.partial(tvm_add_one, x_tvm, direct_out),
+            "direct_tvm_numpy_out": functools.partial(tvm_add_one, x_tvm, numpy_out),
+            # Into a fresh, untouched TF buffer, as the op's own output is: the first touch of its pages.
+            "direct_tvm_fresh_out": lambda x_tvm=x_tvm, n=n: tvm_add_one(
+                x_tvm, tvm_ffi.from_dlpack(tf.raw_ops.Empty(shape=[n], dtype=tf.float32, init=False))),
+            "old_way": old_way, "memcpy": functools.partial(np.copyto, copy_dst, copy_src)}
+        for name, fn in contenders.items():  # the fresh output and memcpy compute nothing to check
+            got = {"direct_tvm": direct_out_tf, "direct_tvm_numpy_out": numpy_out}.get(name, fn())
+            if name not in ("memcpy", "direct_tvm_fresh_out"):
+                check(f"{name} {label}", got, want + (name == "inplace_graph_x2"))
+        del want
+        t = interleave(contenders, rounds=rounds if n < 1 << 26 else max(5, rounds * 2 // 3), min_time=0.03, warmup=2)
+        p = f"large_{label}_"
+        for key, num, den in LARGE_RATIOS:
+            put(out, p + key, t.ratios(num, den))
+        # The second in-place application writes over the first's output: no allocation, no first touch.
+        put(out, f"{p}graph_inplace_ratio_vs_direct_tvm", [(a - b) / d for a, b, d in zip(
+            t.per_call["inplace_graph_x2"], t.per_call["tvmdsoop_graph"], t.per_call["direct_tvm"], strict=True)])
+        for name in contenders:
+            out[f"{p}{name}_ms"] = t.median(name) * 1e3
+            if name != "inplace_graph_x2":  # two applications: its slope is above
+                out[f"{p}{name}_gbps"] = 2 * 4 * n / t.median(name) / 1e9  # bytes read + written
+                out[f"{p}{name}_fraction_of_memcpy"] = t.ratio("memcpy", name)
     for key in ("ratio_vs_direct_tvm", "graph_ratio_vs_direct_tvm", "old_way_ratio_vs_tvmdsoop"):
-        for suffix in ("", "_q1", "_q3"):
-            out[("" if key.startswith("old_way") else "large_") + key + suffix] = out[f"large_{LARGE_KEY_SIZE}_{key}{suffix}"]
-    return out
-
-
-def large_size(label: str, n: int, add_one: UnaryOp, graphs: dict[str, UnaryOp], rounds: int) -> Results:
-    """The large-tensor contenders on ``n`` float32, figures keyed ``large_{label}_*``."""
-    tvm_add_one = tvm_ffi.load_module(str(LIBRARY))["add_one"]
-    x = tf.random.uniform([n], dtype=tf.float32)
-    want = x.numpy() + np.float32(1)
-    x_tvm = tvm_ffi.from_dlpack(x)  # TF's buffer, seen by TVM, no copy
-    # The direct call writes a TF tensor allocated once, through DLPack, so both sides
-    # write memory of TF's allocator; also into numpy memory (numpy asks the kernel
-    # for huge pages on arrays of 4 MiB and more; TF's allocator does not).
-    direct_out_tf = tf.zeros([n], dtype=tf.float32)
-    direct_out, numpy_out = tvm_ffi.from_dlpack(direct_out_tf), aligned_empty(n)
-    numpy_out.fill(0)  # fault the pages in before timing
-    copy_src, copy_dst = np.ones(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
-
-    def old_way() -> tf.Tensor:
-        # tvm.contrib days: TF -> numpy copy -> TVM tensor -> call -> TF copy.
-        dst = np.empty(n, dtype=np.float32)
-        tvm_add_one(tvm_ffi.from_dlpack(x.numpy()), dst)
-        return tf.constant(dst)
-
-    contenders: dict[str, Callable[[], object]] = {
-        "tvmdsoop": lambda: add_one(x),
-        **{name: functools.partial(fn, x) for name, fn in graphs.items()},
-        "direct_tvm": lambda: tvm_add_one(x_tvm, direct_out),
-        "direct_tvm_numpy_out": lambda: tvm_add_one(x_tvm, numpy_out),
-        # Into a fresh, untouched TF buffer, as the op's own output is: the first touch of its pages.
-        "direct_tvm_fresh_out": lambda: tvm_add_one(
-            x_tvm, tvm_ffi.from_dlpack(tf.raw_ops.Empty(shape=[n], dtype=tf.float32, init=False))),
-        "old_way": old_way,
-        "memcpy": lambda: np.copyto(copy_dst, copy_src),
-    }
-    for name, fn in contenders.items():
-        got = fn()
-        got = {"direct_tvm": direct_out_tf, "direct_tvm_numpy_out": numpy_out}.get(name, got)
-        if name not in ("memcpy", "direct_tvm_fresh_out"):
-            check(f"{name} {label}", got, want + (1 if name == "inplace_graph_x2" else 0))
-    del want
-    t = interleave(contenders, rounds=rounds, min_time=0.03, warmup=2)
-    p = f"large_{label}_"
-    out: Results = {}
-    for key, num, den in LARGE_RATIOS:
-        put(out, p + key, t.ratios(num, den))
-    # The second in-place application writes over the first's output: no allocation, no first touch.
-    put(out, f"{p}graph_inplace_ratio_vs_direct_tvm", [(a - b) / d for a, b, d in zip(
-        t.per_call["inplace_graph_x2"], t.per_call["tvmdsoop_graph"], t.per_call["direct_tvm"], strict=True)])
-    for name in contenders:
-        out[f"{p}{name}_ms"] = t.median(name) * 1e3
-        if name != "inplace_graph_x2":  # two applications: its slope is above
-            out[f"{p}{name}_gbps"] = 2 * 4 * n / t.median(name) / 1e9  # bytes read + written
-            out[f"{p}{name}_fraction_of_memcpy"] = t.ratio("memcpy", name)
+        alias(out, key if key.startswith("old_way") else f"large_{key}", f"large_{LARGE_KEY_SIZE}_{key}")
     return out
 
 
@@ -299,77 +264,59 @@ def model(rounds: int) -> Results:
     reference = keras.models.load_model(MODELS_DIR / "cnn.keras")
     out: Results = {"model_rounds": rounds, "model_chain": MODEL_CHAIN}
     for batch in MODEL_BATCHES:
-        out.update(model_batch(reference, batch, rounds))
-    for key in ("ratio_vs_tvm_vm", "ratio_vs_keras"):
-        worst = max(MODEL_BATCHES, key=lambda b: float(out[f"model_b{b}_{key}"]))
-        out[f"model_{key}_batch"] = worst
-        for suffix in ("", "_q1", "_q3"):
-            out[f"model_{key}{suffix}"] = out[f"model_b{worst}_{key}{suffix}"]
+        x_np = np.random.default_rng(batch).standard_normal((batch, 16, 16, 3)).astype(np.float32)
+        x, p, library = tf.constant(x_np), f"model_b{batch}_", str(MODELS_DIR / f"cnn_b{batch}.so")
+        want = reference(x, training=False).numpy()
+        fns = {"tvmdsoop": tf_op.Module(library).func("main", output_shape=list(want.shape)),
+               "keras": lambda t: reference(t, training=False)}
+        fns["tvmdsoop"](x)  # the op library opens TVM's runtime before VmDirect does
+        vm, vm_out = VmDirect(library, "main", x_np), np.empty_like(want)
+        try:
+            vm.time(1, vm_out)
+            check(f"tvm_vm, batch {batch}", vm_out, want, 1e-5)
+            t, figures = slope_comparison(fns, x, rounds, p, length=MODEL_CHAIN, build=sequenced, per="per_call",
+                                          check_output=lambda name, n, y: check(name, y.numpy() / n, want, 1e-5),
+                                          others={"tvm_vm": SelfTimed(vm.time)})
+        finally:
+            vm.close()
+        out.update(figures)
+        out[f"{p}tvm_vm_per_call_us"] = t.median("tvm_vm") * 1e6
+        op_calls = per_op(t, "tvmdsoop", MODEL_CHAIN)
+        for key, den in (("ratio_vs_tvm_vm", t.per_call["tvm_vm"]), ("ratio_vs_keras", per_op(t, "keras", MODEL_CHAIN))):
+            put(out, p + key, [a / b for a, b in zip(op_calls, den, strict=True)])
+        out[f"{p}overhead_us"] = float(out[f"{p}tvmdsoop_per_call_us"]) - float(out[f"{p}tvm_vm_per_call_us"])
+        if float(out[f"{p}overhead_us"]) < -0.5 * float(out[f"{p}tvm_vm_per_call_us"]):
+            raise AssertionError(f"batch {batch}: less than half a model call per op call: the calls were merged")
+        out[f"{p}ratio_vs_keras_x1"] = t.ratio("tvmdsoop_x1", "keras_x1")
+    for key in ("ratio_vs_tvm_vm", "ratio_vs_keras"):  # the headline: the worse batch
+        out[f"model_{key}_batch"] = worst = max(MODEL_BATCHES, key=lambda b: float(out[f"model_b{b}_{key}"]))
+        alias(out, f"model_{key}", f"model_b{worst}_{key}")
     return out
 
 
-def model_batch(reference: Callable[..., tf.Tensor], batch: int, rounds: int) -> Results:
-    """The whole-model contenders at one batch, figures keyed ``model_b{batch}_*``."""
-    x_np = np.random.default_rng(batch).standard_normal((batch, 16, 16, 3)).astype(np.float32)
-    x = tf.constant(x_np)
-    want = reference(x, training=False).numpy()
-    library = str(MODELS_DIR / f"cnn_b{batch}.so")
-    fns = {"tvmdsoop": tf_op.Module(library).func("main", output_shape=list(want.shape)),
-           "keras": lambda t: reference(t, training=False)}
-    fns["tvmdsoop"](x)  # the op library opens TVM's runtime before VmDirect does
-    vm = VmDirect(library, "main", x_np)
-    p = f"model_b{batch}_"
-    try:
-        vm_out = np.empty_like(want)
-        vm.time(1, vm_out)
-        check(f"tvm_vm, batch {batch}", vm_out, want, 1e-5)
-        t, out = slope_comparison(fns, x, rounds, p, length=MODEL_CHAIN, build=sequenced, per="per_call",
-                                  check_output=lambda name, n, y: check(name, y.numpy() / n, want, 1e-5),
-                                  others={"tvm_vm": SelfTimed(vm.time)})
-    finally:
-        vm.close()
-    out[f"{p}tvm_vm_per_call_us"] = t.median("tvm_vm") * 1e6
-    op_calls = per_op(t, "tvmdsoop", MODEL_CHAIN)
-    for key, den in (("ratio_vs_tvm_vm", t.per_call["tvm_vm"]), ("ratio_vs_keras", per_op(t, "keras", MODEL_CHAIN))):
-        put(out, p + key, [a / b for a, b in zip(op_calls, den, strict=True)])
-    out[f"{p}overhead_us"] = float(out[f"{p}tvmdsoop_per_call_us"]) - float(out[f"{p}tvm_vm_per_call_us"])
-    if float(out[f"{p}overhead_us"]) < -0.5 * float(out[f"{p}tvm_vm_per_call_us"]):
-        raise AssertionError(f"batch {batch}: less than half a model call per op call: the calls were merged")
-    out[f"{p}ratio_vs_keras_x1"] = t.ratio("tvmdsoop_x1", "keras_x1")
-    return out
-
-
-def bridge_models() -> dict[str, tuple[Callable[..., tf.Tensor], UnaryOp, tuple[int, ...]]]:
-    """By name: what tf_op.compile takes, how TF runs it, its input shape after the batch."""
+def bridge(rounds: int, tune: int = 0) -> Results:
+    """8: tf_op.compile (and, ``tune``, tuned) against TF; the cache starts empty: real compiles."""
     import keras
 
     sys.path.insert(0, str(ROOT / "tests" / "modules"))
     from keras_cnn import INPUT_SHAPE, build_model
 
     keras.utils.set_random_seed(0)
-    mlp = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
-    mobilenet = keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35,
-                                               classifier_activation=None)
     rng = np.random.default_rng(0)
     w, b = (tf.constant(rng.standard_normal(s).astype(np.float32)) for s in ((64, 64), (64,)))
 
     def math_ops(x: tf.Tensor) -> tf.Tensor:
         return tf.reduce_mean(tf.nn.softplus(tf.tanh(x @ w + b) * 2.0 - x), axis=-1, keepdims=True)
 
-    def inference(model: keras.Model) -> UnaryOp:
-        return lambda x: model(x, training=False)
-
-    cnn = build_model()
-    return {"mlp": (mlp, inference(mlp), (256,)), "cnn": (cnn, inference(cnn), INPUT_SHAPE),
-            "mobilenetv2": (mobilenet, inference(mobilenet), (96, 96, 3)), "tf_function": (math_ops, math_ops, (64,))}
-
-
-def bridge(rounds: int, tune: int) -> Results:
-    """8: tf_op.compile (and with ``tune`` trials, tuned) against TF running the same
-    model; the cache starts empty, so compile times are real compiles."""
+    models = {"mlp": (keras.Sequential([keras.Input((256,)), keras.layers.Dense(512, activation="relu"),
+                                        keras.layers.Dense(10)]), (256,)), "cnn": (build_model(), INPUT_SHAPE),
+              "mobilenetv2": (keras.applications.MobileNetV2(weights=None, input_shape=(96, 96, 3), alpha=0.35,
+                                                             classifier_activation=None), (96, 96, 3)),
+              "tf_function": (math_ops, (64,))}
     shutil.rmtree(BRIDGE_CACHE, ignore_errors=True)
     out: Results = {"bridge_rounds": rounds, "bridge_tune_trials": tune}
-    for name, (fn, reference, shape) in bridge_models().items():
+    for name, (fn, shape) in models.items():
+        reference = (lambda x, m=fn: m(x, training=False)) if isinstance(fn, keras.Model) else fn
         signature = [tf.TensorSpec([None, *shape])]
         variants = {"tvm": tf_op.compile(fn, signature, cache_dir=BRIDGE_CACHE)}
         if tune:
@@ -399,69 +346,34 @@ def bridge(rounds: int, tune: int) -> Results:
     return out
 
 
-COMPARISONS: dict[str, Callable[[int, int], Results]] = {
-    "overhead": lambda rounds, _: overhead(rounds, fold=False),
-    "overhead_grappler": lambda rounds, _: overhead(rounds, fold=True),
-    "py_function": lambda rounds, _: py_function(rounds),
-    "large": lambda rounds, _: large(rounds),
-    "model": lambda rounds, _: model(rounds),
-    "bridge": bridge,
-}
+COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "overhead_grappler": functools.partial(
+    overhead, fold=True), "py_function": py_function, "large": large, "model": model, "bridge": bridge}
 
 
 def memory(mode: str) -> None:
-    """5: peak RSS after one add-one on MEMORY_SIZE float32; every mode first loads
-    everything (both add-ones on one element) and makes the input."""
+    """5: peak RSS after one add-one on MEMORY_SIZE float32, everything loaded in every mode."""
     add_one = tf_op.Module(LIBRARY).func("add_one")
     small = tf.constant([0.0])
     check("add-one on 1 element", [add_one(small), tf_add_one(small)], np.ones((2, 1)))
     x = tf.fill([MEMORY_SIZE], 1.0)
-    y = {"tvmdsoop": add_one, "tf_add": tf_add_one}[mode](x) if mode != "baseline" else None
-    if y is not None and float(y[-1]) != 2.0:
-        raise AssertionError(f"{mode}: wrong result")
+    if mode != "baseline":
+        check(mode, {"tvmdsoop": add_one, "tf_add": tf_add_one}[mode](x)[-1:], np.array([2.0]))
     print(json.dumps({"mode": mode, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-
-
-def profile(op_name: str, calls: int, callgrind: bool) -> None:
-    """Comparison 1's chain, ``calls`` times; ``callgrind`` (under valgrind
-    --instr-atstart=no): instrumented after the warm-up, for the steady state alone."""
-    tf.config.optimizer.set_experimental_options(NO_FOLDING)
-    inplace = {0: 0} if op_name == "tvmdsoop_inplace" else None
-    op = tf_add_one if op_name == "tf_add" else tf_op.Module(LIBRARY).func("add_one", inplace=inplace)
-    applied, x = chain(op, CHAIN, [tf.TensorSpec([1], tf.float32)]), tf.constant([0.0])
-    for _ in range(20):
-        applied(x)
-    toggle = ["callgrind_control", "-i", "on", str(os.getpid())]
-    if callgrind:
-        subprocess.run(toggle, check=True, capture_output=True)
-    start = time.perf_counter()
-    for _ in range(calls):
-        applied(x)
-    elapsed = time.perf_counter() - start
-    if callgrind:
-        subprocess.run([*toggle[:2], "off", *toggle[3:]], check=True, capture_output=True)
-    print(f"{op_name}: {calls} calls of {CHAIN} applications, {elapsed / calls * 1e6:.1f} us per call")
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=[*COMPARISONS, "memory", "profile"])
-    parser.add_argument("mode", nargs="?", choices=("baseline", "tvmdsoop", "tvmdsoop_inplace", "tf_add"),
-                        help="memory: baseline, tvmdsoop or tf_add; profile: the op (default tvmdsoop)")
+    parser.add_argument("what", choices=[*COMPARISONS, "memory"])
+    parser.add_argument("mode", nargs="?", choices=("baseline", "tvmdsoop", "tf_add"), help="memory: what it applies")
     parser.add_argument("--out", help="where a comparison writes its figures (JSON)")
     parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--tune", type=int, default=0, help="bridge: also time the models tuned with TRIALS trials")
-    parser.add_argument("--calls", type=int, default=2000, help="profile: tf.function calls")
-    parser.add_argument("--callgrind", action="store_true", help="profile: toggle callgrind around the calls")
+    parser.add_argument("--tune", type=int, default=0, help="bridge: also the models tuned with TRIALS trials")
     args = parser.parse_args(argv)
     if args.what == "memory":
-        memory(args.mode or parser.error("memory needs a mode"))
-    elif args.what == "profile":
-        profile(args.mode or "tvmdsoop", args.calls, args.callgrind)
-    else:
-        results = COMPARISONS[args.what](args.rounds, args.tune)
-        with open(args.out or parser.error(f"{args.what} needs --out"), "w") as f:
-            f.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        return memory(args.mode or parser.error("memory needs a mode"))
+    results = COMPARISONS[args.what](args.rounds, **({"tune": args.tune} if args.what == "bridge" else {}))
+    with open(args.out or parser.error(f"{args.what} needs --out"), "w") as f:
+        f.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

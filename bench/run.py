@@ -1,13 +1,10 @@
-"""make bench: TVMDSOOp side by side with what it replaces, on the CPU.
+"""make bench: TVMDSOOp side by side with what it replaces, on the CPU (docs/benchmarks.md).
 
     .venv/bin/python bench/run.py [--quick] [--rounds N] [--tune TRIALS] [--publish]
 
-Builds the add-one library (examples/build_add_one.py) and the Keras CNN's (tests/modules),
-each in its own process; runs each comparison of bench/compare.py, and each memory figure,
-in a fresh process, and the Go benchmarks; writes build/bench/results.json and the report
-(bench/report.py) into build/bench/. It changes no tracked file: --publish (make
-bench-publish) measures nothing and writes the last results into docs/. This process
-imports neither TensorFlow nor TVM.
+Writes build/bench/results.json and the report into build/bench/, changing no tracked file;
+--publish (make bench-publish) measures nothing and writes the last results into docs/.
+This process imports neither TensorFlow nor TVM.
 """
 
 from __future__ import annotations
@@ -24,31 +21,26 @@ import sys
 import time
 from pathlib import Path
 
-from common import (BENCH_DIR, BUILD_DIR, DOC, GOALS, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
-                    PLOT, RESULTS, ROOT, VM_DIRECT, goal_met)
-from report import KEYS, headline, write_report
+from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
+                    PLOT, RESULTS, ROOT, VM_DIRECT)
+from report import KEYS, summary, write_report
 
 Results = dict[str, float | int | str]
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in
 #: seconds (the bridge compiles MobileNetV2 twice, 10-60 s each, and times it).
-COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300,
-               "bridge": 1200}
+COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
 #: Go benchmarks: package, benchmarks, rounds, and the metric -> key they give (None:
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
-GO_BENCHMARKS = (
-    ("./dsoop", "BenchmarkCallOverhead", 9, {"go-ns/call": "go_dsoop_call_ns", "c-ns/call": "go_dsoop_direct_c_ns",
-                                             "overhead-ns/call": "go_dsoop_overhead_ns"}),
-    ("./tfbridge", "BenchmarkSessionChain", 15, {"ratio": "go_session_ratio_vs_tf_add",
-                                                 "tvmdsoop-us/run": "go_session_tvmdsoop_us",
-                                                 "tf_add-us/run": "go_session_tf_add_us"}),
-    ("./tfbridge", "BenchmarkServed|BenchmarkRSS", 1, None),
-)
+GO_BENCHMARKS = (("./dsoop", "BenchmarkCallOverhead", 9, {"go-ns/call": "go_dsoop_call_ns", "c-ns/call":
+                  "go_dsoop_direct_c_ns", "overhead-ns/call": "go_dsoop_overhead_ns"}),
+                 ("./tfbridge", "BenchmarkSessionChain", 15, {"ratio": "go_session_ratio_vs_tf_add", "tvmdsoop-us/run":
+                  "go_session_tvmdsoop_us", "tf_add-us/run": "go_session_tf_add_us"}),
+                 ("./tfbridge", "BenchmarkServed|BenchmarkRSS", 1, None))
 
 
 def run(command: list[str], what: str, timeout: float, env: dict[str, str] | None = None) -> str:
-    """Runs a child (a Python script of this repository, or a command); on failure
-    shows its output and stops. Returns its stdout."""
+    """Runs a child (a Python script, or a command) and returns its stdout; stops on failure."""
     started = time.perf_counter()
     command = [sys.executable, *command] if command[0].endswith(".py") else command
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -60,10 +52,8 @@ def run(command: list[str], what: str, timeout: float, env: dict[str, str] | Non
 
 
 def build_libraries() -> None:
-    """The demo's add-one, written aside and renamed (a half-written library is never
-    taken for up to date), and the Keras CNN at each batch: TFLite from a process
-    with TensorFlow, TVM libraries from one with TVM (their LLVMs clash in one);
-    each unless newer than its scripts."""
+    """The demo's add-one (written aside: a half-written one is never taken for up to date),
+    and the Keras CNN at each batch: TFLite, then TVM (their LLVMs clash in one process)."""
     def stale(outputs: list[Path], *scripts: str) -> bool:
         newest = max((ROOT / script).stat().st_mtime for script in scripts)
         return not all(p.exists() and p.stat().st_mtime >= newest for p in outputs)
@@ -88,11 +78,10 @@ def run_memory(repeats: int) -> Results:
         for mode, values in peaks.items():
             stdout = run([str(BENCH_DIR / "compare.py"), "memory", mode], f"memory {mode}", timeout=120)
             values.append(json.loads(stdout.strip().splitlines()[-1])["maxrss_kib"] / 1024)
-    base = statistics.median(peaks["baseline"])
-    out: Results = {"memory_repeats": repeats, "memory_output_mib": MEMORY_SIZE * 4 / 2**20, "memory_baseline_mib": base}
+    out: Results = {"memory_repeats": repeats, "memory_output_mib": MEMORY_SIZE * 4 / 2**20,
+                    **{f"memory_{mode}_mib": statistics.median(values) for mode, values in peaks.items()}}
     for mode in ("tvmdsoop", "tf_add"):
-        out[f"memory_{mode}_mib"] = statistics.median(peaks[mode])
-        out[f"memory_{mode}_extra_mib"] = statistics.median(peaks[mode]) - base
+        out[f"memory_{mode}_extra_mib"] = float(out[f"memory_{mode}_mib"]) - float(out["memory_baseline_mib"])
     out["peak_rss_ratio_vs_tf_add"] = float(out["memory_tvmdsoop_extra_mib"]) / float(out["memory_tf_add_extra_mib"])
     return out
 
@@ -120,61 +109,42 @@ def run_go_benchmarks() -> Results:
 
 def environment() -> Results:
     def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
+        return next((d.version for d in importlib.metadata.distributions(name=dist)), "")
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
 
     cpu = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
            if line.startswith("model name")]
-    tensorflow = version("tensorflow-cpu")
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu_count": os.cpu_count() or 0,
         "cpu_model": cpu[0] if cpu else platform.processor(), "platform": platform.platform(),
         "git_commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else ""),
         "version_python": platform.python_version(),
-        "version_tensorflow": version("tensorflow") if tensorflow == "not installed" else tensorflow,
+        "version_tensorflow": version("tensorflow-cpu") or version("tensorflow"),
         **{f"version_{d.removeprefix('apache-').replace('-', '_')}": version(d)
            for d in ("apache-tvm", "apache-tvm-ffi", "numpy", "matplotlib")},
     }
-
-
-def summary(results: Results) -> str:
-    lines = [f"{'key':<42} {'median':>9}  {'goal':<8} met", "-" * 66]
-    for key, _ in headline(results):
-        op, bound = GOALS.get(key, ("", 0.0))
-        met = ("yes" if goal_met(key, float(results[key])) else "NO") if op else "-"
-        lines.append(f"{key:<42} {float(results[key]):>9.2f}  {f'{op} {bound:g}' if op else '-':<8} {met}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds and memory processes")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 15, quick 5)")
-    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
-                        help="also time the bridge models tuned with this many MetaSchedule trials (minutes each)")
-    parser.add_argument("--publish", action="store_true", help=f"write {RESULTS.relative_to(ROOT)} into "
-                        f"{DOC.relative_to(ROOT)} and its plot, measure nothing")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS", help="also the bridge models tuned")
+    parser.add_argument("--publish", action="store_true", help="the last results into docs/, measure nothing")
     args = parser.parse_args(argv)
     if args.publish:
-        stored: Results = json.loads(RESULTS.read_text())
-        write_report(stored, DOC, DOC, PLOT)
-        print(f"{summary(stored)}\nwrote {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
-        return
-    rounds = args.rounds or (5 if args.quick else 15)
-    started = time.perf_counter()
+        write_report(stored := json.loads(RESULTS.read_text()), DOC, DOC, PLOT)
+        return print(f"{summary(stored)}\nwrote {DOC.relative_to(ROOT)}, {PLOT.relative_to(ROOT)}")
+    rounds, started = args.rounds or (5 if args.quick else 15), time.perf_counter()
     print(f"bench: {rounds} interleaved rounds per comparison", flush=True)
     if not VM_DIRECT.is_file():
         raise SystemExit(f"bench: {VM_DIRECT.relative_to(ROOT)} is missing: run `make build` (make bench does)")
     build_libraries()
     results: Results = environment()
     for name, timeout in COMPARISONS.items():
-        out = BUILD_DIR / f"{name}.json"
-        tuning = ["--tune", str(args.tune)] if name == "bridge" and args.tune else []
+        out, tuning = BUILD_DIR / f"{name}.json", ["--tune", str(args.tune)] if name == "bridge" and args.tune else []
         # Tuning takes minutes per model and batch: 4 models x 2 batches, ~2 s a trial.
         run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning],
             f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))

@@ -1,14 +1,6 @@
-// vm_direct.c: the baseline of make bench's whole-model comparison (bench/compare.py
-// model): a model's VM function called from a C loop, with no Python and no
-// TensorFlow per call, through the dsoop VM path the op's kernel takes (dsoop/vm.c:
-// a pool of VM instances, the input lent as a Tensor object, the returned tensors
-// released). The bench process loads it with ctypes beside TensorFlow and the op
-// and times it in the same rounds: what the op adds to a model call is the difference.
-//
-// The input is copied once into memory this library owns and wrapped once as a
-// Tensor object, so a timed call is dsoop_vm_call + dsoop_any_release and nothing
-// else. Only the vm_direct_* functions are exported (the build hides the rest), so
-// this copy of dsoop never interposes on the op library's.
+// make bench's whole-model baseline (bench/compare.py model): a model's VM function called from a C loop
+// through the dsoop VM path the op's kernel takes, no Python or TensorFlow per call (the input is wrapped
+// once). Loaded with ctypes beside the op; only vm_direct_* is exported, so this dsoop never interposes.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,12 +31,6 @@ static int report(char* out, int out_len, const char* what, DsoopError* err) {
   snprintf(out, (size_t)out_len, "%s: %s: %s", what, err->kind ? err->kind : "Error", err->message ? err->message : "");
   dsoop_error_clear(err);
   return -1;
-}
-
-static double now_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 EXPORT void vm_direct_close(VmDirect* vm) {
@@ -83,8 +69,7 @@ EXPORT VmDirect* vm_direct_open(const char* model_lib, const char* function, con
   }
   for (int d = 0; d < ndim; ++d) n *= (vm->shape[d] = shape[d]);
   const size_t bytes = ((size_t)n * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
-  vm->data = (float*)aligned_alloc(kAlignment, bytes > 0 ? bytes : kAlignment);
-  if (vm->data == NULL) {
+  if ((vm->data = (float*)aligned_alloc(kAlignment, bytes > 0 ? bytes : kAlignment)) == NULL) {
     dsoop_error_set(&e, "MemoryError", "out of memory for the input");
     goto fail;
   }
@@ -108,12 +93,9 @@ static int copy_output(TVMFFIAny* result, float* output, int64_t output_len, cha
   TVMFFIObjectHandle tensor = NULL;
   DLManagedTensor* view = NULL;
   const int count = dsoop_result_tensors(result, &tensor, 1, &e);
-  if (count < 0) return report(err, err_len, "output", &e);
   if (count > 1) dsoop_object_release(tensor);
-  if (count != 1) {
-    snprintf(err, (size_t)err_len, "the function returned %d tensors, not 1", count);
-    return -1;
-  }
+  if (count != 1 && count >= 0) dsoop_error_set(&e, "ValueError", "the function returned %d tensors, not 1", count);
+  if (count != 1) return report(err, err_len, "output", &e);
   const int exported = dsoop_tensor_to_dlpack(tensor, &view, &e);
   dsoop_object_release(tensor);
   if (exported != 0) return report(err, err_len, "output", &e);
@@ -134,14 +116,14 @@ static int copy_output(TVMFFIAny* result, float* output, int64_t output_len, cha
 EXPORT double vm_direct_time(VmDirect* vm, int calls, float* output, int64_t output_len, char* err, int err_len) {
   DsoopError e = {NULL, NULL};
   TVMFFIAny result;
-  const double start = now_seconds();
+  struct timespec start, end;
+  clock_gettime(CLOCK_MONOTONIC, &start);
   for (int c = 0; c < calls; ++c) {
-    if (dsoop_vm_call(vm->pool, vm->index, &vm->arg, 1, NULL, &result, &e) != 0) {
-      return report(err, err_len, "call", &e);
-    }
+    if (dsoop_vm_call(vm->pool, vm->index, &vm->arg, 1, NULL, &result, &e) != 0) return report(err, err_len, "call", &e);
     if (output == NULL || c + 1 < calls) dsoop_any_release(&result);
   }
-  const double seconds = (now_seconds() - start) / (calls > 0 ? calls : 1);
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  const double seconds = ((end.tv_sec - start.tv_sec) + (end.tv_nsec - start.tv_nsec) * 1e-9) / (calls > 0 ? calls : 1);
   if (output == NULL || calls < 1) return seconds;
   const int copied = copy_output(&result, output, output_len, err, err_len);
   dsoop_any_release(&result);
