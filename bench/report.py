@@ -47,7 +47,7 @@ OPTIONAL_KEYS: Rows = [
 ]
 #: The details, by section (docs/benchmarks.md's prose says what each is).
 DETAILS: dict[str, list[str]] = {
-    "Per-op cost (1 and 3)": ["overhead_chain_ratio_vs_tf_add", "overhead_grappler_default_chain_ratio_vs_tf_add",
+    "Per-op ratios (1 and 3)": ["overhead_chain_ratio_vs_tf_add", "overhead_grappler_default_chain_ratio_vs_tf_add",
                               "per_op_ratio_vs_tf_add_allocating", "speedup_vs_py_function_chain", "pyfunc_speedup_x1"],
     "Go (6)": ["go_session_tvmdsoop_us", "go_session_tf_add_us", "go_dsoop_call_ns", "go_dsoop_direct_c_ns"],
     "Memory (5, 10)": ["memory_baseline_mib", "memory_tf_add_extra_mib", "memory_tvmdsoop_extra_mib",
