@@ -2,6 +2,7 @@
 # make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
 # make build  the op library, build/libtvm_dso_op.so
 # make bench  side-by-side benchmarks: build/bench/results.json and benchmarks.md
+#             (QUICK=1: fewer rounds; TUNE=N: also the bridge models tuned with N trials)
 # make bench-publish  the last make bench's results into docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
@@ -100,7 +101,7 @@ run-fuzz:
 	go test -run '^$$' -fuzz FuzzParseEmbeddedModules -fuzztime $(FUZZTIME) ./dsoop
 
 bench: build
-	$(PYTHON) bench/run.py
+	$(PYTHON) bench/run.py $(if $(QUICK),--quick) $(if $(TUNE),--tune $(TUNE))
 
 bench-publish: setup
 	$(PYTHON) bench/run.py --publish

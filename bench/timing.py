@@ -1,13 +1,7 @@
-"""Interleaved timing: contenders measured in turns, in one process, so that the
-machine's drift (other load, frequency, cache state) hits each of them alike.
-
-Every round times each contender once (``number`` calls, seconds per call), the
-order reversed on every other round (A B, B A, A B, ...), and a comparison is the
-median over rounds of the ratio of two contenders' times in the same round.
-
-A contender is a callable timed here with ``time.perf_counter``, or a
-``SelfTimed`` one that makes its calls and times them itself (a C loop), so
-that its figure holds no Python per call.
+"""Interleaved timing: contenders timed in turns in one process, so that the machine's drift
+(load, frequency, caches) hits each alike. Every round times each contender once, the order
+reversed every other round (A B, B A, ...); a comparison is the median over rounds of the
+ratio of two contenders' times in the same round. A ``SelfTimed`` contender times itself (a C loop).
 """
 
 from __future__ import annotations
@@ -16,37 +10,34 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:  # the single value twice for one value
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 @dataclass
 class Timings:
-    """Seconds per call of each contender, one entry per round."""
-
-    per_call: dict[str, list[float]] = field(default_factory=dict)
-    number: dict[str, int] = field(default_factory=dict)
+    per_call: dict[str, list[float]]  # seconds per call of each contender, one entry per round
 
     def median(self, name: str) -> float:
-        """The median over rounds of ``name``'s seconds per call."""
         return statistics.median(self.per_call[name])
 
     def ratios(self, numerator: str, denominator: str) -> list[float]:
-        """``numerator / denominator`` in each round."""
+        """``numerator / denominator`` in each round (a comparison is their median)."""
         return [a / b for a, b in zip(self.per_call[numerator], self.per_call[denominator], strict=True)]
 
     def ratio(self, numerator: str, denominator: str) -> float:
-        """The median of the per-round ratios ``numerator / denominator``."""
         return statistics.median(self.ratios(numerator, denominator))
-
-    def ratio_spread(self, numerator: str, denominator: str) -> tuple[float, float]:
-        """The first and third quartiles of the per-round ratios."""
-        return quartiles(self.ratios(numerator, denominator))
 
 
 @dataclass(frozen=True)
 class SelfTimed:
-    """A contender that times itself: ``time(number)`` makes ``number`` calls and
-    returns the seconds per call it measured where the calls are made."""
+    """A contender whose ``time(number)`` makes ``number`` calls and returns the seconds per call it measured."""
 
     time: Callable[[int], float]
 
@@ -54,17 +45,7 @@ class SelfTimed:
         return self.time(1)
 
 
-def quartiles(values: Sequence[float]) -> tuple[float, float]:
-    """(25th, 75th) percentiles; the single value twice for one value."""
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def _run(fn: Callable[[], object], number: int) -> float:
-    """Seconds per call over ``number`` calls of ``fn`` (as ``fn`` measures them,
-    for a ``SelfTimed`` one)."""
+def _run(fn: Callable[[], object], number: int) -> float:  # seconds per call over number calls
     if isinstance(fn, SelfTimed):
         return fn.time(number)
     start = time.perf_counter()
@@ -81,38 +62,28 @@ def calibrate(fn: Callable[[], object], min_time: float, max_number: int = 1_000
         if elapsed >= min_time:
             return number
         # Aim a little past the target; at least double to converge quickly.
-        guess = int(number * min_time * 1.2 / max(elapsed, 1e-9))
-        number = min(max_number, max(number * 2, guess))
+        number = min(max_number, max(number * 2, int(number * min_time * 1.2 / max(elapsed, 1e-9))))
     return max_number
 
 
-def interleave(
-    contenders: Mapping[str, Callable[[], object]],
-    *,
-    rounds: int,
-    min_time: float,
-    warmup: int = 3,
-) -> Timings:
-    """Times every contender in each of ``rounds`` rounds, in alternating order.
-
-    Each contender is first called ``warmup`` times (tracing, allocator and cache
-    warm-up), then calibrated so that one timing lasts about ``min_time`` seconds.
-    The garbage collector is off while timing, as in ``timeit``.
-    """
+def interleave(contenders: Mapping[str, Callable[[], object]], *, rounds: int, min_time: float,
+               warmup: int = 3) -> Timings:
+    """Times every contender in each of ``rounds`` rounds, in alternating order, after
+    ``warmup`` calls each (tracing, allocator, caches) and a calibration to about
+    ``min_time`` s per timing; the garbage collector is off, as in timeit."""
     names = list(contenders)
     for name in names:
         for _ in range(warmup):
             contenders[name]()
-    result = Timings(number={name: calibrate(contenders[name], min_time) for name in names})
-    result.per_call = {name: [] for name in names}
+    number = {name: calibrate(contenders[name], min_time) for name in names}
+    result = Timings({name: [] for name in names})
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
         for r in range(rounds):
-            order = names if r % 2 == 0 else names[::-1]
-            for name in order:
-                result.per_call[name].append(_run(contenders[name], result.number[name]))
+            for name in names if r % 2 == 0 else names[::-1]:
+                result.per_call[name].append(_run(contenders[name], number[name]))
     finally:
         if gc_was_enabled:
             gc.enable()
