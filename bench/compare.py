@@ -141,7 +141,8 @@ def overhead(rounds: int, *, fold: bool = False) -> Results:
     for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
         if name in fns:
             ops = per_op(t, name, CHAIN)
-            out[key] = statistics.median(ops) / statistics.median(tf_add)
+            num, den = statistics.median(ops), statistics.median(tf_add)
+            out[key] = num / den if min(num, den) > 0 else float("nan")  # a slope <= 0 is noise, not a "met"
             out[f"{key}_q1"], out[f"{key}_q3"] = bootstrap_spread(ops, tf_add)
     out[f"{prefix}rounds"] = rounds
     return out
