@@ -74,15 +74,9 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object],
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     if trials > 0:
-        check_tuning_works()
-        if target.get("kind") == "llvm" and "num-cores" not in target:
-            # MetaSchedule sizes parallel loops by it, and insists on it.
-            import psutil
-
-            target = {**target, "num-cores": psutil.cpu_count(logical=False) or 1}
-    tvm_target = tvm.target.Target(target)
-    if trials > 0:
-        mod = tune(mod, tvm_target, trials)
+        mod, tvm_target = tune(mod, target, trials)
+    else:
+        tvm_target = tvm.target.Target(target)
     tuned = time.perf_counter()
     executable = tvm.compile(mod, target=tvm_target)
     compiled = time.perf_counter()
@@ -97,16 +91,23 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object],
                       "cpu_flags": flags}))
 
 
-def tune(mod: Any, target: Any, trials: int) -> Any:
+def tune(mod: Any, target_json: dict[str, object], trials: int) -> tuple[Any, Any]:
     """``mod`` with the kernels MetaSchedule found fastest in ``trials`` measured
     candidates, shared out evenly among its tuning tasks (TVM's
-    static_shape_tuning pipeline, with the build step below)."""
+    static_shape_tuning pipeline, with the build step below), and the target it
+    was tuned for, which the compile must use too."""
+    check_tuning_works()  # first: it names the fix for a missing module, psutil among them
+    import psutil
     import tvm
     from tvm import relax
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+    if target_json.get("kind") == "llvm" and "num-cores" not in target_json:
+        # MetaSchedule sizes parallel loops by it, and insists on it.
+        target_json = {**target_json, "num-cores": psutil.cpu_count(logical=False) or 1}
+    target = tvm.target.Target(target_json)
     start = time.perf_counter()
     with target:
         mod = tvm.transform.Sequential([relax.transform.DecomposeOpsForInference(),
@@ -147,7 +148,7 @@ def tune(mod: Any, target: Any, trials: int) -> Any:
     with target, database:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
-    return mod
+    return mod, target
 
 
 #: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).
