@@ -24,12 +24,7 @@ func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output) 
 	for range chainLength {
 		y = apply(s, y)
 	}
-	graph, err := s.Finalize()
-	require.NoError(b, err)
-	session, err := tf.NewSession(graph, nil)
-	require.NoError(b, err)
-	b.Cleanup(func() { session.Close() })
-	return session, x, y
+	return newSession(b, s), x, y
 }
 
 // BenchmarkSessionChain times a Go TF session running chainLength TVMDSOOp

@@ -149,7 +149,9 @@ func floorRequest(b *testing.B, input *tf.Tensor) func() request {
 	return sessionRequest(newSession(b, s), x, input, y)
 }
 
+// newSession is a session on the graph s built, closed when b ends.
 func newSession(b *testing.B, s *op.Scope) *tf.Session {
+	b.Helper()
 	graph, err := s.Finalize()
 	require.NoError(b, err)
 	session, err := tf.NewSession(graph, nil)

@@ -33,11 +33,7 @@ func RunPython(repoRoot, script string, args ...string) error {
 }
 
 // Median is the middle value of values (the upper one of an even count).
-func Median(values []float64) float64 {
-	sorted := slices.Clone(values)
-	slices.Sort(sorted)
-	return sorted[len(sorted)/2]
-}
+func Median(values []float64) float64 { return Quantile(values, 0.5) }
 
 // Quantile is the value of values at fraction q (0 to 1) of their sorted order,
 // the nearest rank: Quantile(v, 0.25) and Quantile(v, 0.75) are the quartiles.
