@@ -73,12 +73,15 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object],
     mod = from_tflite(model)
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
+    pipeline: Any = "default"
     if trials > 0:
         mod, tvm_target = tune(mod, target, trials)
     else:
         tvm_target = tvm.target.Target(target)
+        if tvm_target.kind.name == "llvm":
+            pipeline = untuned_cpu_pipeline(tvm_target)
     tuned = time.perf_counter()
-    executable = tvm.compile(mod, target=tvm_target)
+    executable = tvm.compile(mod, target=tvm_target, relax_pipeline=pipeline)
     compiled = time.perf_counter()
     progress(f"compiled in {compiled - tuned:.2f} s")
     flags = cpu_flags(tvm_target)
@@ -149,6 +152,84 @@ def tune(mod: Any, target_json: dict[str, object], trials: int) -> tuple[Any, An
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
     return mod, target
+
+
+def untuned_cpu_pipeline(target: Any) -> Any:
+    """TVM's default CPU pipeline (``relax.backend.cpu_generic``, what
+    ``tvm.compile`` runs for an llvm target) with one step added once the
+    operators are loop nests: ``channel_innermost`` on each of them.
+
+    Untuned, TVM runs the loop nests TOPI wrote, which put the reductions
+    innermost: a convolution's innermost loop runs over 3 input channels, a
+    dense layer's reads its weights a row apart for each step. With the output's
+    last dimension innermost instead (the channel, contiguous in the output, in
+    NHWC inputs and in the weights), LLVM vectorizes it: 2.4 to 15 times faster
+    on the bridge's models here, with the same sums in the same order."""
+    import tvm
+    from tvm import s_tir, tirx
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmdsoop.ChannelInnermost")
+    def channel_innermost_pass(mod: Any, _ctx: Any) -> Any:
+        reductions = scheduled = 0
+        for gvar, func in list(mod.functions.items()):
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            sch = s_tir.Schedule(func)
+            for block in sch.get_child_blocks(sch.get_sblock("root")):
+                if any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+                    reductions += 1
+                    scheduled += channel_innermost(sch, block)
+            mod[gvar] = sch.mod["main"]
+        progress(f"scheduled {scheduled} of {reductions} reductions with the output channel innermost")
+        return mod
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmdsoop.UntunedCPUPipeline")
+    def pipeline(mod: Any, _ctx: Any) -> Any:
+        with target:
+            return tvm.transform.Sequential([
+                *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), channel_innermost_pass,
+                *cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)])(mod)
+
+    return pipeline
+
+
+def channel_innermost(sch: Any, block: Any) -> bool:
+    """Moves the loop over ``block``'s output's last dimension inside its
+    reduction loops, where every input that it indexes, it indexes in the last
+    dimension too, or in one followed by dimensions of 1 (NHWC convolutions,
+    depthwise too, and pooling, matmul against a (K, N) weight, channel-wise
+    means); False, and the block as it was, for any other block. Each output
+    element's sum runs in the same order as before, so the results are the same."""
+    from tvm import s_tir, tirx
+
+    stmt = sch.get(block)
+    kinds = [int(v.iter_type) for v in stmt.iter_vars]
+    if set(kinds) != {tirx.IterVar.DataPar, tirx.IterVar.CommReduce} or len(stmt.writes) != 1:
+        return False
+    loops = sch.get_loops(block)[-len(kinds):]
+    realize = sch.get(loops[-1]).body if len(loops) == len(kinds) else None
+    if (not isinstance(realize, s_tir.SBlockRealize)
+            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+        return False  # not one loop per block variable, in order: TOPI's plain nests are
+    channel = next((i for i, v in enumerate(stmt.iter_vars) if kinds[i] == tirx.IterVar.DataPar
+                    and v.var.same_as(stmt.writes[0].region[-1].min)), None)
+    reductions = [i for i, kind in enumerate(kinds) if kind == tirx.IterVar.CommReduce]
+    if channel is None or channel > reductions[-1]:
+        return False
+    var = stmt.iter_vars[channel].var
+    for read in stmt.reads:  # the channel's stride in each input it indexes must be 1
+        dims = [d for d, r in enumerate(read.region) if any(v.same_as(var) for v in tirx.analysis.undefined_vars(r.min))]
+        shape = list(getattr(read.source, "shape", None) or [])  # source: the read buffer
+        if len(dims) > 1 or (dims and (len(shape) != len(read.region) or any(
+                not isinstance(n, tirx.IntImm) or int(n) != 1 for n in shape[dims[0] + 1:]))):
+            return False
+    try:
+        sch.reorder(*(loop for i, loop in enumerate(loops) if i != channel), loops[channel])
+        sch.decompose_reduction(block, loops[reductions[0]])
+    except s_tir.ScheduleError:  # a failed primitive changes nothing (a reorder alone is correct too)
+        return False
+    return True
 
 
 #: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).

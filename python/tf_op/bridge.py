@@ -46,7 +46,7 @@ DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 
 #: Part of every cache key: raise it when what a cache entry holds, or how it is
 #: made, changes, so that old entries are not reused.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
 #: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.

@@ -20,8 +20,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TVM_PYTHON
 from helpers import run_python
 
+import tf_op
 from tf_op import CompileError, compile
 
 RTOL = ATOL = 1e-5
@@ -235,6 +237,42 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
     disassembly = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     assert "%xmm" in disassembly
     assert bool(_VEX.search(disassembly)) == avx
+
+
+def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's schedule step for untuned CPU libraries reaches every reduction
+    of the CNN (two convolutions, two poolings, the dense layer), and the values
+    are still Keras's."""
+    model, x = _cnn(), _inputs(2, 16, 16, 3)
+    caplog.set_level(logging.INFO, logger="tf_op.bridge")
+    y = compile(model, cache_dir=tmp_path, batch_sizes=[2])(x)
+    np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    assert "scheduled 5 of 5 reductions with the output channel innermost" in caplog.text, caplog.text
+
+
+#: Run on the TVM Python: channel_innermost on a matmul whose weight is (K, N),
+#: where the output channel is contiguous everywhere, and (N, K), where it is not.
+_CHANNEL_INNERMOST = """
+import sys
+from tvm import s_tir, te
+sys.path.insert(0, sys.argv[1])
+from _tvm_compile import channel_innermost
+for layout in ("kn", "nk"):
+    x, k = te.placeholder((4, 16), name="x"), te.reduce_axis((0, 16), name="k")
+    w = te.placeholder((16, 8) if layout == "kn" else (8, 16), name="w")
+    y = te.compute((4, 8), lambda i, j: te.sum(x[i, k] * (w[k, j] if layout == "kn" else w[j, k]), axis=k), name="y")
+    sch = s_tir.Schedule(te.create_prim_func([x, w, y]))
+    moved = channel_innermost(sch, sch.get_sblock("y"))
+    update = sch.get_sblock("y_update" if moved else "y")  # decompose_reduction renames it
+    print(layout, moved, *(sch.get(loop).loop_var for loop in sch.get_loops(update)))
+"""
+
+
+def test_channel_innermost_moves_only_a_contiguous_channel() -> None:
+    result = subprocess.run([TVM_PYTHON, "-c", _CHANNEL_INNERMOST, str(Path(tf_op.__file__).parent)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["kn True i k j", "nk False i j k"]
 
 
 TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
