@@ -199,7 +199,7 @@ def channel_innermost(sch: Any, block: Any) -> bool:
     reduction loops, where every input that it indexes, it indexes in the last
     dimension too, or in one followed by dimensions of 1 (NHWC convolutions,
     depthwise too, and pooling, matmul against a (K, N) weight, channel-wise
-    means); False, and the block as it was, for any other block. Each output
+    means); False for any other block, which it leaves as it was. Each output
     element's sum runs in the same order as before, so the results are the same."""
     from tvm import s_tir, tirx
 
@@ -219,7 +219,8 @@ def channel_innermost(sch: Any, block: Any) -> bool:
         return False
     var = stmt.iter_vars[channel].var
     for read in stmt.reads:  # the channel's stride in each input it indexes must be 1
-        dims = [d for d, r in enumerate(read.region) if any(v.same_as(var) for v in tirx.analysis.undefined_vars(r.min))]
+        dims = [d for d, r in enumerate(read.region)
+                if any(v.same_as(var) for v in tirx.analysis.undefined_vars(r.min))]
         shape = list(getattr(read.source, "shape", None) or [])  # source: the read buffer
         if len(dims) > 1 or (dims and (len(shape) != len(read.region) or any(
                 not isinstance(n, tirx.IntImm) or int(n) != 1 for n in shape[dims[0] + 1:]))):
@@ -227,7 +228,7 @@ def channel_innermost(sch: Any, block: Any) -> bool:
     try:
         sch.reorder(*(loop for i, loop in enumerate(loops) if i != channel), loops[channel])
         sch.decompose_reduction(block, loops[reductions[0]])
-    except s_tir.ScheduleError:  # a failed primitive changes nothing (a reorder alone is correct too)
+    except s_tir.ScheduleError:  # a failed primitive changes nothing; a reorder whose decompose failed is correct
         return False
     return True
 
