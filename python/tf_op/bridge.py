@@ -46,7 +46,7 @@ DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 
 #: Part of every cache key: raise it when what a cache entry holds, or how it is
 #: made, changes, so that old entries are not reused.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
 #: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.
@@ -123,7 +123,8 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
       tune: tune the kernels with TVM's MetaSchedule before compiling, measuring
         candidates on this machine: ``True`` for ``DEFAULT_TUNING_TRIALS``
         trials in all, or a number of trials. Minutes per shape, once: the
-        tuned library is cached like any other. Needs the ``tune`` extra.
+        library, the faster of the tuned and the untuned one on this machine,
+        is cached like any other. Needs the ``tune`` extra.
     """
     if input_signature is None:
         if not isinstance(fn, keras.Model):

@@ -282,7 +282,8 @@ TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
                     reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
 def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A small budget (16 trials, about a minute): what is checked is that the
-    tuned kernels are the ones compiled, right, and cached under their own key."""
+    tuned kernels keep their schedule, that the faster of the tuned and the
+    untuned library is kept, that it is right, and cached under its own key."""
     model, x = _mlp(), _inputs(4, 16)
     caplog.set_level(logging.INFO, logger="tf_op.bridge")
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
@@ -290,7 +291,11 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
     assert re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "no progress while tuning"
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text), "tuning found nothing to apply"
-    assert '"trials": 16' in caplog.text
+    assert "scheduled 0 of 0 reductions" in caplog.text, "the schedule step touched tuned kernels"
+    kept = re.search(r"a call takes ([0-9.]+) µs tuned, ([0-9.]+) µs untuned: keeping the (\w+) library", caplog.text)
+    assert kept, caplog.text
+    assert kept[3] == ("tuned" if float(kept[1]) <= float(kept[2]) else "untuned"), kept[0]
+    assert '"trials": 16' in caplog.text and f'"kept": "{kept[3]}"' in caplog.text
     compile(model, cache_dir=tmp_path, batch_sizes=[4])
     assert len(_libraries(tmp_path)) == 2, "tuned and untuned libraries share a cache key"
 
