@@ -132,6 +132,24 @@ func WithReturns() Option {
 	}
 }
 
+// WithInplace declares outputs that the function may write over one of its
+// inputs, as {output: input}: an element-wise function's output over the input
+// of the same dtype and shape. Where TF allows it (nothing else uses the input's
+// buffer) the op then hands TVM the input's buffer as the output, and allocates
+// nothing; else it allocates as usual. Declare it only for a function that reads
+// each input element before it writes the output element in its place.
+func WithInplace(inplace map[int]int) Option {
+	return func(f *Func) error {
+		for o, i := range inplace {
+			if o < 0 || i < 0 {
+				return fmt.Errorf("inplace maps an output to an input, both >= 0, got %d: %d", o, i)
+			}
+		}
+		f.inplace = inplace
+		return nil
+	}
+}
+
 // Func is a function of a Module that can be added to graphs.
 type Func struct {
 	module    *Module
@@ -139,6 +157,7 @@ type Func struct {
 	outputs   []Output
 	alignment int64
 	returns   bool
+	inplace   map[int]int
 }
 
 // Func declares the function name of the module.
@@ -152,7 +171,24 @@ func (m *Module) Func(name string, opts ...Option) (*Func, error) {
 			return nil, fmt.Errorf("tfbridge: function %q of %s: %w", name, m.path, err)
 		}
 	}
+	if err := f.checkInplace(); err != nil {
+		return nil, fmt.Errorf("tfbridge: function %q of %s: %w", name, m.path, err)
+	}
 	return f, nil
+}
+
+// checkInplace checks what WithInplace declared against the other options,
+// whichever order they came in; the inputs are checked when the function is called.
+func (f *Func) checkInplace() error {
+	if len(f.inplace) > 0 && f.returns {
+		return errors.New("the function returns its outputs, so none can be written over an input (WithInplace)")
+	}
+	for o := range f.inplace {
+		if o >= len(f.outputs) {
+			return fmt.Errorf("WithInplace names output %d, but the function has %d output(s)", o, len(f.outputs))
+		}
+	}
+	return nil
 }
 
 // Call adds a TVMDSOOp calling the function on inputs to the scope's graph and
@@ -198,18 +234,36 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 			shapes[i] = tf.MakeShape(o.Shape...)
 		} // the zero Shape has an unknown rank: the first input's shape, or for a returning function any shape
 	}
+	var inplace []int64 // the op's attr: per output, the input it may be written over, or -1
+	if len(f.inplace) > 0 {
+		inplace = make([]int64, len(f.outputs))
+		for o := range inplace {
+			inplace[o] = -1
+		}
+		for o, i := range f.inplace {
+			if i >= len(inputs) {
+				s.UpdateErr(OpType, fmt.Errorf("function %q of %s: output %d may be written over input %d (WithInplace), but the call has %d input(s)", f.name, f.module.path, o, i, len(inputs)))
+				return nil
+			}
+			inplace[o] = int64(i)
+		}
+	}
 	library := op.Const(s.SubScope("library"), f.module.path)
+	attrs := map[string]interface{}{
+		"Tout":          dtypes,
+		"output_shapes": shapes,
+		"func_name":     f.name,
+		"lib_sha256":    f.module.sha256,
+		"alignment":     f.alignment,
+		"returns":       f.returns,
+	}
+	if inplace != nil {
+		attrs["inplace"] = inplace
+	}
 	operation := s.AddOperation(tf.OpSpec{
 		Type:  OpType,
 		Input: []tf.Input{tf.OutputList(inputs), *dims, library},
-		Attrs: map[string]interface{}{
-			"Tout":          dtypes,
-			"output_shapes": shapes,
-			"func_name":     f.name,
-			"lib_sha256":    f.module.sha256,
-			"alignment":     f.alignment,
-			"returns":       f.returns,
-		},
+		Attrs: attrs,
 	})
 	if operation == nil {
 		return nil

@@ -145,6 +145,44 @@ func TestOutputs(t *testing.T) {
 	}
 }
 
+// TestInplace chains two calls of a function that writes x+1 and notes the
+// addresses of its input and output: with WithInplace the second call writes
+// over the first's output, which nothing else uses; the fed input, which the
+// caller holds, is never written over.
+func TestInplace(t *testing.T) {
+	tests := []struct {
+		name          string
+		opts          []tfbridge.Option
+		secondInPlace bool
+	}{
+		{"declared", []tfbridge.Option{tfbridge.WithInplace(map[int]int{0: 0})}, true},
+		{"not declared", nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := tfbridge.NewModule(filepath.Join(filepath.Dir(testLib), "ffifuncs.so"))
+			require.NoError(t, err)
+			opts := append([]tfbridge.Option{tfbridge.WithOutputs(tfbridge.Output{}, tfbridge.Output{DType: tf.Int64, Shape: []int64{2}})}, tc.opts...)
+			f, err := m.Func("add_one_noting_buffers", opts...)
+			require.NoError(t, err)
+			s := op.NewScope()
+			x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(64)))
+			first := f.Call(s, x)
+			second := f.Call(s, first[0])
+			require.NoError(t, s.Err())
+			input := make([]float32, 64)
+			out, err := run(t, s, x, input, second[0], first[1], second[1])
+			require.NoError(t, err)
+			for i, v := range out[0].Value().([]float32) {
+				require.Equal(t, float32(2), v, "element %d", i)
+			}
+			firstWhere, secondWhere := out[1].Value().([]int64), out[2].Value().([]int64)
+			assert.NotEqual(t, firstWhere[0], firstWhere[1], "the fed input was written over")
+			assert.Equal(t, tc.secondInPlace, secondWhere[0] == secondWhere[1], "addresses of input and output: %v", secondWhere)
+		})
+	}
+}
+
 func TestLegacyTvmDsoOp(t *testing.T) {
 	s := op.NewScope()
 	x := op.Placeholder(s, tf.Float)
@@ -173,11 +211,15 @@ func TestErrors(t *testing.T) {
 			tfbridge.WithAlignment(0),
 			tfbridge.WithOutputs(),
 			tfbridge.WithOutputs(tfbridge.Output{Shape: []int64{2, -5}}),
+			tfbridge.WithInplace(map[int]int{0: -1}),
+			tfbridge.WithInplace(map[int]int{1: 0}), // one output
 		} {
 			_, err := m.Func("add_one", opt)
 			assert.ErrorContains(t, err, "add_one")
 		}
-		_, err := m.Func("")
+		_, err := m.Func("add_one", tfbridge.WithInplace(map[int]int{0: 0}), tfbridge.WithReturns())
+		assert.ErrorContains(t, err, "returns its outputs, so none can be written over an input")
+		_, err = m.Func("")
 		assert.Error(t, err)
 	})
 
@@ -211,6 +253,12 @@ func TestErrors(t *testing.T) {
 			require.NoError(t, runErr(t, testLib, "add_one", []float32{1}))
 		})
 	}
+	t.Run("inplace names an input the call lacks", func(t *testing.T) {
+		s := op.NewScope()
+		x := op.Placeholder(s, tf.Float)
+		assert.Nil(t, mustFunc(t, "add_one", tfbridge.WithInplace(map[int]int{0: 1})).Call(s, x))
+		assert.ErrorContains(t, s.Err(), "output 0 may be written over input 1 (WithInplace), but the call has 1 input(s)")
+	})
 	t.Run("no input to take the output from", func(t *testing.T) {
 		s := op.NewScope()
 		assert.Nil(t, mustFunc(t, "add_one").Call(s))
