@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
+#: A benchmark's figures by key, as build/bench/results.json holds them.
+Results = dict[str, float | int | str]
 ROOT: Final = Path(__file__).resolve().parent.parent
 BENCH_DIR: Final = ROOT / "bench"
 BUILD_DIR: Final = ROOT / "build" / "bench"

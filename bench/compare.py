@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import cast
 
 from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
-                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, VM_DIRECT)
+                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, VM_DIRECT, Results)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's import: no start-up logging
 
@@ -35,7 +35,6 @@ import tvm_ffi  # noqa: E402
 import tf_op  # noqa: E402
 from timing import SelfTimed, Timings, interleave, quartiles  # noqa: E402
 
-Results = dict[str, float | int | str]
 UnaryOp = Callable[[tf.Tensor], tf.Tensor]
 Contenders = dict[str, Callable[[], object]]
 

@@ -3,7 +3,6 @@ common.RESULTS_MARKERS; the prose around it is hand-written) and its plot."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
@@ -13,9 +12,9 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import (BRIDGE_MODELS, CHAIN, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES,  # noqa: E402
-                    MODEL_BATCHES, MODEL_CHAIN, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS, goal_met)
+                    MODEL_BATCHES, MODEL_CHAIN, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS, Results,
+                    goal_met)
 
-Results = Mapping[str, float | int | str]
 Rows = list[tuple[str, str]]
 
 #: The headline keys, which make bench must produce, with what each divides.
@@ -49,7 +48,8 @@ OPTIONAL_KEYS: Rows = [
 DETAILS: dict[str, list[str]] = {
     "Per-op ratios (1 and 3)": ["overhead_chain_ratio_vs_tf_add", "overhead_grappler_default_chain_ratio_vs_tf_add",
                               "per_op_ratio_vs_tf_add_allocating", "speedup_vs_py_function_chain", "pyfunc_speedup_x1"],
-    "Go (6)": ["go_session_tvmdsoop_us", "go_session_tf_add_us", "go_dsoop_call_ns", "go_dsoop_direct_c_ns"],
+    "Go (6)": ["go_session_tvmdsoop_us", "go_session_tf_add_us", "go_session_tvmdsoop_allocating_us",
+               "go_session_tf_add_grappler_default_us", "go_dsoop_call_ns", "go_dsoop_direct_c_ns"],
     "Memory (5, 10)": ["memory_baseline_mib", "memory_tf_add_extra_mib", "memory_tvmdsoop_extra_mib",
                        "memory_output_mib", "rss_slope_tf_add_bytes_per_call", "model_rss_slope_bytes_per_call",
                        "model_rss_mib", "vm_instance_rss_kib", "vm_instances", "served_threads"],

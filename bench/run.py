@@ -21,11 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
-                    PLOT, RESULTS, ROOT, VM_DIRECT)
+from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR, PLOT,
+                    RESULTS, ROOT, VM_DIRECT, Results)
 from report import KEYS, summary, write_report
 
-Results = dict[str, float | int | str]
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in
 #: seconds (the bridge compiles MobileNetV2 twice, 10-60 s each, and times it).
@@ -34,8 +33,8 @@ COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "l
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
 GO_BENCHMARKS = (("./dsoop", "BenchmarkCallOverhead", 9, {"go-ns/call": "go_dsoop_call_ns", "c-ns/call":
                   "go_dsoop_direct_c_ns", "overhead-ns/call": "go_dsoop_overhead_ns"}),
-                 ("./tfbridge", "BenchmarkSessionChain", 15, {"ratio": "go_session_ratio_vs_tf_add", "tvmdsoop-us/run":
-                  "go_session_tvmdsoop_us", "tf_add-us/run": "go_session_tf_add_us"}),
+                 ("./tfbridge", "BenchmarkSessionChain", 15, {"ratio": "go_session_ratio_vs_tf_add", **{f"{c}-us/run": (
+                  f"go_session_{c}_us") for c in ("tvmdsoop", "tf_add", "tvmdsoop_allocating", "tf_add_grappler_default")}}),
                  ("./tfbridge", "BenchmarkServed|BenchmarkRSS", 1, None))
 
 

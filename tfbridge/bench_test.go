@@ -9,14 +9,16 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
+	"github.com/tvmdsoop/tvmdsoop/tfbridge"
 )
 
 // chainLength is how many ops each benchmark graph applies in sequence, as in
 // make bench's Python overhead comparison.
 const chainLength = 50
 
-// chainSession builds y = f(f(...f(x))) with chainLength ops made by apply.
-func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output) (*tf.Session, tf.Output, tf.Output) {
+// chainSession builds y = f(f(...f(x))) with chainLength ops made by apply, in
+// a session with the serialized tensorflow.ConfigProto config (nil: TF's defaults).
+func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output, config []byte) (*tf.Session, tf.Output, tf.Output) {
 	b.Helper()
 	s := op.NewScope()
 	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(1)))
@@ -24,50 +26,81 @@ func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output) 
 	for range chainLength {
 		y = apply(s, y)
 	}
-	return newSession(b, s), x, y
+	graph, err := s.Finalize()
+	require.NoError(b, err)
+	session, err := tf.NewSession(graph, &tf.SessionOptions{Config: config})
+	require.NoError(b, err)
+	b.Cleanup(func() { session.Close() })
+	return session, x, y
 }
 
-// BenchmarkSessionChain times a Go TF session running chainLength TVMDSOOp
-// add-ones against one running chainLength tf.add's, interleaved in rounds, and
-// reports the median per-round ratio (tvmdsoop/tf_add) and each run's time.
+// noFolding is a serialized tensorflow.ConfigProto that turns Grappler's
+// constant folding and arithmetic optimisation off (graph_options {
+// rewrite_options { constant_folding: OFF arithmetic_optimization: OFF } }):
+// with them, TF folds a chain of AddV2s with constants into one AddV2, which it
+// cannot do for a custom op, and the chains would no longer compare ops.
+var noFolding = []byte{0x52, 0x06, 0x52, 0x04, 0x18, 0x02, 0x38, 0x02}
+
+// BenchmarkSessionChain times Go TF sessions running chainLength TVMDSOOp
+// add-ones and chainLength tf.add's, interleaved in rounds in rotating order,
+// and reports the median per-round ratio (tvmdsoop/tf_add) and each run's time.
+// Like with like: Grappler's folding is off (noFolding), and AddV2 writes over
+// its input when nothing else uses it, so the ratio's TVMDSOOp does too
+// (WithInplace). Timed beside them: a TVMDSOOp that allocates every output, and
+// the tf.add chain with TF's defaults (folded into one AddV2).
 func BenchmarkSessionChain(b *testing.B) {
-	addOne := mustFunc(b, "add_one")
-	tvm, tvmX, tvmY := chainSession(b, func(s *op.Scope, x tf.Output) tf.Output { return addOne.Call(s, x)[0] })
-	add, addX, addY := chainSession(b, func(s *op.Scope, x tf.Output) tf.Output {
+	addOne := func(opts ...tfbridge.Option) func(s *op.Scope, x tf.Output) tf.Output {
+		f := mustFunc(b, "add_one", opts...)
+		return func(s *op.Scope, x tf.Output) tf.Output { return f.Call(s, x)[0] }
+	}
+	tfAdd := func(s *op.Scope, x tf.Output) tf.Output {
 		s = s.SubScope("add")
 		return op.AddV2(s, x, op.Const(s.SubScope("one"), []float32{1}))
-	})
+	}
+	contenders := []struct {
+		name   string
+		apply  func(s *op.Scope, x tf.Output) tf.Output
+		config []byte
+	}{
+		{"tvmdsoop", addOne(tfbridge.WithInplace(map[int]int{0: 0})), noFolding},
+		{"tf_add", tfAdd, noFolding},
+		{"tvmdsoop_allocating", addOne(), noFolding},
+		{"tf_add_grappler_default", tfAdd, nil},
+	}
 	input, err := tf.NewTensor([]float32{0})
 	require.NoError(b, err)
-	runs := func(session *tf.Session, x, y tf.Output, n int) time.Duration {
-		start := time.Now()
-		for range n {
-			out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, []tf.Output{y}, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if got := out[0].Value().([]float32)[0]; got != chainLength {
-				b.Fatalf("chain gave %v, want %v", got, chainLength)
-			}
-		}
-		return time.Since(start)
-	}
-	runs(tvm, tvmX, tvmY, 20) // warm up: kernels constructed, libraries loaded
-	runs(add, addX, addY, 20)
 	const perRound = 50
-	var ratios, tvmTimes, addTimes []float64
-	for round := 0; round < max(b.N, 7); round++ {
-		var tvmTime, addTime time.Duration
-		if round%2 == 0 {
-			tvmTime, addTime = runs(tvm, tvmX, tvmY, perRound), runs(add, addX, addY, perRound)
-		} else {
-			addTime, tvmTime = runs(add, addX, addY, perRound), runs(tvm, tvmX, tvmY, perRound)
+	runs := make([]func(n int) time.Duration, len(contenders))
+	for c, contender := range contenders {
+		session, x, y := chainSession(b, contender.apply, contender.config)
+		runs[c] = func(n int) time.Duration {
+			start := time.Now()
+			for range n {
+				out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, []tf.Output{y}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if got := out[0].Value().([]float32)[0]; got != chainLength {
+					b.Fatalf("%s chain gave %v, want %v", contender.name, got, chainLength)
+				}
+			}
+			return time.Since(start)
 		}
-		ratios = append(ratios, float64(tvmTime)/float64(addTime))
-		tvmTimes = append(tvmTimes, float64(tvmTime.Microseconds())/perRound)
-		addTimes = append(addTimes, float64(addTime.Microseconds())/perRound)
+		runs[c](20) // warm up: kernels constructed, libraries loaded
+	}
+	var ratios []float64
+	times := make([][]float64, len(contenders))
+	for round := 0; round < max(b.N, 7); round++ {
+		took := make([]time.Duration, len(contenders))
+		for i := range contenders {
+			c := (round + i) % len(contenders)
+			took[c] = runs[c](perRound)
+			times[c] = append(times[c], float64(took[c].Microseconds())/perRound)
+		}
+		ratios = append(ratios, float64(took[0])/float64(took[1]))
 	}
 	b.ReportMetric(testenv.Median(ratios), "ratio")
-	b.ReportMetric(testenv.Median(tvmTimes), "tvmdsoop-us/run")
-	b.ReportMetric(testenv.Median(addTimes), "tf_add-us/run")
+	for c, contender := range contenders {
+		b.ReportMetric(testenv.Median(times[c]), contender.name+"-us/run")
+	}
 }
