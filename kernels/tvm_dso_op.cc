@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -109,12 +111,33 @@ Status AlignedTemp(OpKernelContext* ctx, size_t size, int64_t alignment, Tensor*
   return Status();
 }
 
+// Asks the kernel to back the whole 2 MiB pages inside a fresh buffer with
+// transparent huge pages, before anything touches it. TF's CPU allocator takes
+// large buffers fresh from mmap in 4 KiB pages and does not ask for huge ones
+// (numpy does): TVM's first write to a 64 MiB output then takes 16k page faults,
+// several times the work itself (docs/benchmarks.md, large tensors). A hint:
+// the contents do not change, and a kernel without THP ignores or refuses it.
+void AdviseHugePages(const Tensor& fresh) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  const absl::string_view bytes = fresh.tensor_data();
+  if (bytes.size() < 2 * kHugePage) return;
+  const auto start = reinterpret_cast<uintptr_t>(bytes.data());
+  const uintptr_t begin = (start + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t end = (start + bytes.size()) & ~(kHugePage - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+}
+
 // Where a kernel's buffers live and how it reaches them: the host. Made per
 // Compute; scratch memory lives until it is destroyed, after the call.
 class CpuPlacement {
  public:
   Status Init(OpKernelContext*) { return Status(); }
   DLDevice dl_device() const { return {kDLCPU, 0}; }
+
+  // An output TF has just allocated, which the function will write in full.
+  void FreshOutput(const Tensor& out) { AdviseHugePages(out); }
 
   // size bytes aligned to alignment, for a buffer TF gave us below it.
   Status Scratch(OpKernelContext*, size_t size, int64_t alignment, char** out) {
@@ -175,6 +198,9 @@ class GpuPlacement {
   }
 
   DLDevice dl_device() const { return {kDLCUDA, device_id_}; }
+
+  // Device memory: TF's GPU allocator keeps and reuses it.
+  void FreshOutput(const Tensor&) {}
 
   // Device memory from TF's allocator, aligned within a slightly larger block.
   // Freeing it when Compute ends is safe: TF's GPU allocator orders reuse of
@@ -394,13 +420,15 @@ class CallKernel : public OpKernel {
         // (no other user of the input, same dtype and size and memory type).
         const int o = i - num_in;
         const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
+        int forwarded = -1;
         const Status allocated =
             reuse < 0 ? ctx->allocate_output(o, out_shapes[o], &out)
-                      : ctx->forward_input_or_allocate_output({reuse}, o, out_shapes[o], &out);
+                      : ctx->forward_input_or_allocate_output({reuse}, o, out_shapes[o], &out, &forwarded);
         OP_REQUIRES(ctx, allocated.ok(),
                     Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
                                                           out_shapes[o].DebugString(), ": ",
                                                           allocated.message())));
+        if (forwarded < 0) placement.FreshOutput(*out);
       }
       const Tensor& t = is_input ? ctx->input(i) : *out;
       DLTensor& dl = tensors[i];
