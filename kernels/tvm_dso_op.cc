@@ -111,22 +111,108 @@ Status AlignedTemp(OpKernelContext* ctx, size_t size, int64_t alignment, Tensor*
   return Status();
 }
 
-// Asks the kernel to back the whole 2 MiB pages inside a fresh buffer with
-// transparent huge pages, before anything touches it. TF's CPU allocator takes
-// large buffers fresh from mmap in 4 KiB pages and does not ask for huge ones
-// (numpy does): TVM's first write to a 64 MiB output then takes 16k page faults,
-// several times the work itself (docs/benchmarks.md, large tensors). A hint:
-// the contents do not change, and a kernel without THP ignores or refuses it.
-void AdviseHugePages(const Tensor& fresh) {
+// The buffers of a kernel's large CPU outputs, kept for its next calls. TF's
+// CPU allocator takes a large buffer fresh from mmap, in 4 KiB pages, and gives
+// it back on free: every call of a function with a 64 MiB output paid the first
+// touch of 16k pages, the kernel's page faults and zeroing, 5 to 6 times the
+// work of an add-one (docs/benchmarks.md, large tensors). A kernel keeps up to
+// max_idle of its output buffers once TF drops them and gives one to its next
+// output of the same size, its pages warm. New ones are 2 MiB aligned and ask
+// for transparent huge pages: a fault per 2 MiB the first time.
+class OutputPool {
+ public:
+  // Outputs this large or larger come from the pool; smaller ones from TF.
+  static constexpr size_t kMinBytes = size_t{4} << 20;
+
+  explicit OutputPool(size_t max_idle) : max_idle_(max_idle) {}
+  ~OutputPool() {
+    for (const auto& [size, data] : idle_) std::free(data);
+  }
+  OutputPool(const OutputPool&) = delete;
+  OutputPool& operator=(const OutputPool&) = delete;
+
+  bool enabled() const { return max_idle_ > 0; }
+
+  // size bytes (>= kMinBytes), warm when the pool has a buffer of that size;
+  // nullptr when memory ran out.
+  char* Take(size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if (it->first == size) {
+          char* data = it->second;
+          idle_.erase(it);
+          return data;
+        }
+      }
+    }
+    constexpr size_t kHugePage = size_t{2} << 20;
+    const size_t rounded = (size + kHugePage - 1) / kHugePage * kHugePage;  // aligned_alloc wants it
+    void* data = std::aligned_alloc(kHugePage, rounded);
 #ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  const absl::string_view bytes = fresh.tensor_data();
-  if (bytes.size() < 2 * kHugePage) return;
-  const auto start = reinterpret_cast<uintptr_t>(bytes.data());
-  const uintptr_t begin = (start + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (start + bytes.size()) & ~(kHugePage - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    // A hint: a kernel without THP ignores or refuses it, and nothing changes.
+    if (data != nullptr) madvise(data, rounded, MADV_HUGEPAGE);
 #endif
+    return static_cast<char*>(data);
+  }
+
+  // A buffer TF no longer uses: kept in place of the one kept longest, which is
+  // freed when max_idle are kept already (of an older size, when shapes change).
+  void Give(char* data, size_t size) {
+    char* evicted = data;
+    if (max_idle_ > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      evicted = idle_.size() < max_idle_ ? nullptr : idle_.front().second;
+      if (evicted != nullptr) idle_.erase(idle_.begin());
+      idle_.emplace_back(size, data);
+    }
+    std::free(evicted);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<size_t, char*>> idle_;
+  const size_t max_idle_;
+};
+
+// A TF buffer over memory of an OutputPool, given back to the pool when TF
+// drops it. The pool lives until the last of its buffers does.
+class PooledBuffer : public tensorflow::TensorBuffer {
+ public:
+  PooledBuffer(std::shared_ptr<OutputPool> pool, char* data, size_t size)
+      : TensorBuffer(data), pool_(std::move(pool)), size_(size) {}
+  ~PooledBuffer() override { pool_->Give(static_cast<char*>(data()), size_); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocated_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("tvmdsoop_output_pool");
+    proto->set_ptr(reinterpret_cast<uintptr_t>(data()));
+  }
+  bool OwnsMemory() const override { return true; }
+
+ private:
+  std::shared_ptr<OutputPool> pool_;
+  size_t size_;
+};
+
+// How many idle output buffers a kernel keeps: $TVMDSOOP_OUTPUT_POOL, default
+// 2 (a call's output and the one before, which the caller may still hold while
+// the next call runs); 0 turns the pool off.
+Status OutputPoolSize(size_t* n) {
+  *n = 2;
+  const char* value = std::getenv("TVMDSOOP_OUTPUT_POOL");
+  if (value == nullptr || *value == '\0') return Status();
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < 0 || parsed > 1024) {
+    return errors::InvalidArgument("TVMDSOOP_OUTPUT_POOL must be a number of buffers from 0 to 1024, got '",
+                                   value, "'");
+  }
+  *n = static_cast<size_t>(parsed);
+  return Status();
 }
 
 // Where a kernel's buffers live and how it reaches them: the host. Made per
@@ -136,8 +222,27 @@ class CpuPlacement {
   Status Init(OpKernelContext*) { return Status(); }
   DLDevice dl_device() const { return {kDLCPU, 0}; }
 
-  // An output TF has just allocated, which the function will write in full.
-  void FreshOutput(const Tensor& out) { AdviseHugePages(out); }
+  // Output o of shape, for the function to write: from the kernel's pool when
+  // it is large (OutputPool), else from TF.
+  Status AllocateOutput(OpKernelContext* ctx, int o, const TensorShape& shape,
+                        const std::shared_ptr<OutputPool>& pool, Tensor** out) {
+    const DataType dtype = ctx->expected_output_dtype(o);
+    const auto elements = static_cast<size_t>(shape.num_elements());
+    const auto element_size = static_cast<size_t>(tensorflow::DataTypeSize(dtype));
+    // Too large for size_t: TF's allocator says so in its own words.
+    if (!pool->enabled() || element_size == 0 || elements > SIZE_MAX / element_size ||
+        elements * element_size < OutputPool::kMinBytes) {
+      return ctx->allocate_output(o, shape, out);
+    }
+    const size_t bytes = elements * element_size;
+    char* data = pool->Take(bytes);
+    if (data == nullptr) return errors::ResourceExhausted("cannot allocate ", bytes, " bytes");
+    auto* buffer = new PooledBuffer(pool, data, bytes);
+    ctx->set_output(o, Tensor(dtype, shape, buffer));
+    buffer->Unref();  // the output holds its own reference
+    *out = ctx->mutable_output(o);
+    return Status();
+  }
 
   // size bytes aligned to alignment, for a buffer TF gave us below it.
   Status Scratch(OpKernelContext*, size_t size, int64_t alignment, char** out) {
@@ -199,8 +304,11 @@ class GpuPlacement {
 
   DLDevice dl_device() const { return {kDLCUDA, device_id_}; }
 
-  // Device memory: TF's GPU allocator keeps and reuses it.
-  void FreshOutput(const Tensor&) {}
+  // Output o of shape, from TF (its GPU allocator keeps and reuses memory).
+  Status AllocateOutput(OpKernelContext* ctx, int o, const TensorShape& shape,
+                        const std::shared_ptr<OutputPool>&, Tensor** out) {
+    return ctx->allocate_output(o, shape, out);
+  }
 
   // Device memory from TF's allocator, aligned within a slightly larger block.
   // Freeing it when Compute ends is safe: TF's GPU allocator orders reuse of
@@ -333,6 +441,9 @@ class CallKernel : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("func_name", &func_name_));
     OP_REQUIRES(ctx, !func_name_.empty() && func_name_.find('\0') == std::string::npos,
                 errors::InvalidArgument(type_string(), ": bad function name '", func_name_, "'"));
+    size_t pool_size = 0;
+    OP_REQUIRES_OK(ctx, OutputPoolSize(&pool_size));
+    output_pool_ = std::make_shared<OutputPool>(pool_size);
   }
 
   // The VM pools of models are shared with other kernels and live on.
@@ -420,15 +531,13 @@ class CallKernel : public OpKernel {
         // (no other user of the input, same dtype and size and memory type).
         const int o = i - num_in;
         const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
-        int forwarded = -1;
-        const Status allocated =
-            reuse < 0 ? ctx->allocate_output(o, out_shapes[o], &out)
-                      : ctx->forward_input_or_allocate_output({reuse}, o, out_shapes[o], &out, &forwarded);
-        OP_REQUIRES(ctx, allocated.ok(),
-                    Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
-                                                          out_shapes[o].DebugString(), ": ",
-                                                          allocated.message())));
-        if (forwarded < 0) placement.FreshOutput(*out);
+        if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, out_shapes[o], &out)) {
+          const Status allocated = placement.AllocateOutput(ctx, o, out_shapes[o], output_pool_, &out);
+          OP_REQUIRES(ctx, allocated.ok(),
+                      Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
+                                                            out_shapes[o].DebugString(), ": ",
+                                                            allocated.message())));
+        }
       }
       const Tensor& t = is_input ? ctx->input(i) : *out;
       DLTensor& dl = tensors[i];
@@ -665,6 +774,9 @@ class CallKernel : public OpKernel {
   std::mutex mu_;  // guards resolving and resolved_
   std::vector<std::unique_ptr<Resolved>> resolved_;
   std::atomic<const Resolved*> latest_{nullptr};
+
+ protected:
+  std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
 };
 
 // TVMDSOOp: inputs `args`; `output_dims`, the values of the output dimensions

@@ -323,14 +323,67 @@ def _huge_page_kib(address: int) -> int:
                     reason=f"transparent huge pages are {_transparent_huge_pages() or 'absent'} here, not "
                            "madvise: only then do they depend on the op asking for them")
 def test_a_large_fresh_output_gets_huge_pages(mod: tf_op.Module) -> None:
-    """TF allocates a 64 MiB output in 4 KiB pages; the op asks for huge pages
-    before TVM writes it, which saves thousands of page faults."""
+    """TF would allocate a 64 MiB output in 4 KiB pages; the op's output pool
+    asks for huge pages for a new buffer before TVM writes it."""
     x = tf.fill([16 << 20], 1.0)
     y = mod.func("add_one")(x)
     address = buffer_address(y)
     assert _huge_page_kib(address + (32 << 20)) >= 2048, "the output's pages are all 4 KiB"
     assert _huge_page_kib(buffer_address(x) + (32 << 20)) == 0, "TF's own buffer got huge pages: not the op's doing"
     assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == 2.0
+
+
+# --- the output pool: large outputs' buffers kept for the kernel's next calls -------------
+
+LARGE = (4 << 20) // 4  # float32 elements: the pool's smallest output, 4 MiB
+
+
+def _output_allocations(mod: tf_op.Module, runs: int) -> list[tuple[str, int]]:
+    """(allocator, address) of an add-one's large output in each of ``runs``
+    session runs, from TF's own step stats: one kernel, as a server's session."""
+    with tf.Graph().as_default() as g:
+        x = tf.compat.v1.placeholder(tf.float32, [LARGE])
+        y = mod.func("add_one")(x)
+        with tf.compat.v1.Session(graph=g) as sess:
+            options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            seen = []
+            for k in range(runs):
+                metadata = tf.compat.v1.RunMetadata()
+                out = sess.run(y, {x: np.full(LARGE, k, np.float32)}, options=options, run_metadata=metadata)
+                assert (out == k + 1).all()
+                seen += [(o.tensor_description.allocation_description.allocator_name,
+                          o.tensor_description.allocation_description.ptr)
+                         for dev in metadata.step_stats.dev_stats for node in dev.node_stats
+                         if node.node_name == y.op.name for o in node.output]
+    return seen
+
+
+def test_a_large_output_reuses_the_buffer_of_a_dropped_one(mod: tf_op.Module) -> None:
+    # A run's result lives on (the fetched array shares its buffer) until the
+    # next run returns: two buffers take turns.
+    seen = _output_allocations(mod, 4)
+    assert [allocator for allocator, _ in seen] == ["tvmdsoop_output_pool"] * 4, seen
+    assert seen[2] == seen[0] and seen[3] == seen[1] != seen[0], f"not two buffers taking turns: {seen}"
+
+
+def test_output_pool_off_leaves_outputs_to_tf(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TVMDSOOP_OUTPUT_POOL", "0")  # read when a kernel is made
+    assert all(allocator != "tvmdsoop_output_pool" for allocator, _ in _output_allocations(mod, 2))
+
+
+def test_output_pool_setting_is_checked(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TVMDSOOP_OUTPUT_POOL", "lots")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TVMDSOOP_OUTPUT_POOL must be a number of buffers"):
+        _output_allocations(mod, 1)
+
+
+def test_pooled_outputs_still_held_are_never_handed_out_again(mod: tf_op.Module) -> None:
+    add_one = mod.func("add_one")
+    held = [add_one(tf.fill([LARGE], float(k))) for k in range(6)]  # more than the pool keeps
+    del held[1::2]  # some back to the pool, the others still in use
+    held += [add_one(tf.fill([LARGE], float(k))) for k in range(10, 13)]
+    for y, k in zip(held, [0, 2, 4, 10, 11, 12]):
+        assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == k + 1
 
 
 def test_inplace_survives_a_saved_model(ffi: tf_op.Module, tmp_path: Path) -> None:
