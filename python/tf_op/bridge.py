@@ -130,8 +130,11 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         if not isinstance(fn, keras.Model):
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
-    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir),
-                                _tuning_trials(tune))
+    trials = _tuning_trials(tune)
+    if trials and _device(target or DEFAULT_TARGET) is not None:
+        raise ValueError(f"tf_op.compile: tune is for CPU targets (it measures candidates on this machine), "
+                         f"got target {target!r}")
+    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir), trials)
     for batch in batch_sizes:
         compiled.compile_for(compiled.batch_shapes(batch))
     return compiled
@@ -278,7 +281,7 @@ class CompiledFunction(tf.Module):
         start = time.perf_counter()
         func = Module(str(lib_path), sha256=digest).func(
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
-            output_dtypes=[out.dtype for out in flat_outputs])
+            output_dtypes=[out.dtype for out in flat_outputs], device=_device(state.target))
         logger.info("loaded %s in %.2f s", lib_path, time.perf_counter() - start)
         return _Compiled(lib_path, func, concrete.structured_outputs)
 
@@ -308,6 +311,14 @@ def _to_tflite(concrete: Any, name: str) -> bytes:
         return converter.convert()
     except Exception as err:  # noqa: BLE001  (the converter raises several types; all mean "cannot")
         raise CompileError(f"tf_op.compile({name}): TF's TFLite converter rejected the function: {err}") from err
+
+
+def _device(target: Target) -> str | None:
+    """Where a library compiled for ``target`` runs: a CUDA library on the
+    first GPU (its kernels and the VM's memory are there), a CPU one where TF
+    places it (the CPU, or a GPU's host side)."""
+    kind = str(target.get("kind") if isinstance(target, dict) else target).split(" ")[0]
+    return "/GPU:0" if kind == "cuda" or kind.startswith("nvidia/") else None  # a kind, or a tag
 
 
 def _tuning_trials(tune: bool | int) -> int:

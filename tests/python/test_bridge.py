@@ -239,6 +239,22 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
     assert bool(_VEX.search(disassembly)) == avx
 
 
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="the GPU's values: test_gpu.py")
+def test_a_cuda_target_compiles_and_pins_the_op_to_the_gpu(tmp_path: Path) -> None:
+    """TVM compiles for CUDA on a machine without a GPU (nvcc from
+    requirements/gpu.txt), so a model can be compiled here for a GPU server: the
+    library holds CUDA code, the op is placed on the GPU, and run here it fails
+    clearly instead of running CUDA code on the CPU."""
+    fast = compile(_mlp(), target={"kind": "cuda", "arch": "sm_80"}, cache_dir=tmp_path, batch_sizes=[2])
+    ((_, func),) = [(shapes, c.func) for shapes, c in fast._state.compiled.items()]
+    assert func.device == "/GPU:0"
+    assert b"cuda" in _libraries(tmp_path)[0].read_bytes()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="the library holds CUDA code"):
+        fast(_inputs(2, 16))
+    with pytest.raises(ValueError, match="tune is for CPU targets"):
+        compile(_mlp(), target="cuda", cache_dir=tmp_path, tune=8)
+
+
 def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The worker's schedule step for untuned CPU libraries reaches every reduction
     of the CNN (two convolutions, two poolings, the dense layer), and the values

@@ -55,3 +55,16 @@ def test_ordered_after_tf_work_on_the_stream(cuda_lib: tf_op.Module) -> None:
             return add_one(x)
 
     np.testing.assert_allclose(f().numpy(), np.sqrt(50.0) + 1, rtol=1e-5)
+
+
+def test_a_model_compiled_for_cuda_runs_on_the_gpu(tmp_path: Path) -> None:
+    """tf_op.compile with a CUDA target: the Keras model's values, computed on the GPU."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8)])
+    fast = tf_op.compile(model, target="cuda", cache_dir=tmp_path)
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    y = fast(x)
+    assert "GPU" in y.device
+    np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
