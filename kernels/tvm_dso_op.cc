@@ -134,8 +134,10 @@ class OutputPool {
   bool enabled() const { return max_idle_ > 0; }
 
   // size bytes (>= kMinBytes), warm when the pool has a buffer of that size;
-  // nullptr when memory ran out.
+  // nullptr when memory ran out. Idle buffers of other sizes are freed then: an
+  // output whose size changed does not keep the old size's memory.
   char* Take(size_t size) {
+    std::vector<std::pair<size_t, char*>> stale;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = idle_.begin(); it != idle_.end(); ++it) {
@@ -145,7 +147,9 @@ class OutputPool {
           return data;
         }
       }
+      stale.swap(idle_);
     }
+    for (const auto& [stale_size, data] : stale) std::free(data);
     constexpr size_t kHugePage = size_t{2} << 20;
     const size_t rounded = (size + kHugePage - 1) / kHugePage * kHugePage;  // aligned_alloc wants it
     void* data = std::aligned_alloc(kHugePage, rounded);
@@ -198,9 +202,10 @@ class PooledBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-// How many idle output buffers a kernel keeps: $TVMDSOOP_OUTPUT_POOL, default
-// 2 (a call's output and the one before, which the caller may still hold while
-// the next call runs); 0 turns the pool off.
+// How many idle output buffers a kernel keeps: $TVMDSOOP_OUTPUT_POOL, default 2.
+// One serves calls one at a time (the caller holds the last output while the
+// next call runs, then drops it); two serve two calls at once, or two outputs of
+// a size; 0 turns the pool off.
 Status OutputPoolSize(size_t* n) {
   *n = 2;
   const char* value = std::getenv("TVMDSOOP_OUTPUT_POOL");
@@ -230,8 +235,10 @@ class CpuPlacement {
     const auto elements = static_cast<size_t>(shape.num_elements());
     const auto element_size = static_cast<size_t>(tensorflow::DataTypeSize(dtype));
     // Too large for size_t: TF's allocator says so in its own words.
-    if (!pool->enabled() || element_size == 0 || elements > SIZE_MAX / element_size ||
-        elements * element_size < OutputPool::kMinBytes) {
+    // Outputs with allocator attributes (pinned memory for a copy to a GPU, a
+    // scoped allocator) are TF's to allocate.
+    if (!pool->enabled() || ctx->output_alloc_attr(o).value != 0 || element_size == 0 ||
+        elements > SIZE_MAX / element_size || elements * element_size < OutputPool::kMinBytes) {
       return ctx->allocate_output(o, shape, out);
     }
     const size_t bytes = elements * element_size;

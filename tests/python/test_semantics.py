@@ -306,6 +306,14 @@ def _transparent_huge_pages() -> str:
     return text[text.index("[") + 1:text.index("]")] if "[" in text else ""
 
 
+def _thp_fault_fallbacks() -> int:
+    """How often the kernel fell back to 4 KiB pages where a huge page was asked for."""
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("thp_fault_fallback "):
+            return int(line.split()[1])
+    return 0
+
+
 def _huge_page_kib(address: int) -> int:
     """AnonHugePages of the mapping of this process that holds ``address``."""
     inside = False
@@ -326,8 +334,11 @@ def test_a_large_fresh_output_gets_huge_pages(mod: tf_op.Module) -> None:
     """TF would allocate a 64 MiB output in 4 KiB pages; the op's output pool
     asks for huge pages for a new buffer before TVM writes it."""
     x = tf.fill([16 << 20], 1.0)
+    fallbacks = _thp_fault_fallbacks()
     y = mod.func("add_one")(x)
     address = buffer_address(y)
+    if _huge_page_kib(address + (32 << 20)) == 0 and _thp_fault_fallbacks() > fallbacks:
+        pytest.skip("the kernel had no free huge page to give (thp_fault_fallback rose): memory is fragmented")
     assert _huge_page_kib(address + (32 << 20)) >= 2048, "the output's pages are all 4 KiB"
     assert _huge_page_kib(buffer_address(x) + (32 << 20)) == 0, "TF's own buffer got huge pages: not the op's doing"
     assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == 2.0
@@ -368,7 +379,8 @@ def test_a_large_output_reuses_the_buffer_of_a_dropped_one(mod: tf_op.Module) ->
 
 def test_output_pool_off_leaves_outputs_to_tf(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TVMDSOOP_OUTPUT_POOL", "0")  # read when a kernel is made
-    assert all(allocator != "tvmdsoop_output_pool" for allocator, _ in _output_allocations(mod, 2))
+    seen = _output_allocations(mod, 2)
+    assert len(seen) == 2 and all(allocator not in ("", "tvmdsoop_output_pool") for allocator, _ in seen), seen
 
 
 def test_output_pool_setting_is_checked(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
