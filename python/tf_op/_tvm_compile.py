@@ -62,7 +62,7 @@ def progress(message: str) -> None:
     print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
 
 
-def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object], trials: int = 0) -> None:
+def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0) -> None:
     """from_tflite -> (tuning) -> tvm.compile -> export_library. The frontend turns
     every TFLite weight into a constant, so the library's ``main`` takes only the inputs."""
     import tflite
@@ -98,7 +98,7 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object],
                       "cpu_flags": flags, **timings}))
 
 
-def tune(mod: Any, target_json: dict[str, object], trials: int) -> tuple[Any, Any]:
+def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[Any, Any]:
     """``mod`` with the kernels MetaSchedule found fastest in ``trials`` measured
     candidates, shared out evenly among its tuning tasks (TVM's
     static_shape_tuning pipeline, with the build step below), and the target it
@@ -111,6 +111,8 @@ def tune(mod: Any, target_json: dict[str, object], trials: int) -> tuple[Any, An
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
+    if not isinstance(target_json, dict):  # a kind or a tag: its full form
+        target_json = dict(tvm.target.Target(target_json).export())
     if target_json.get("kind") == "llvm" and "num-cores" not in target_json:
         # MetaSchedule sizes parallel loops by it, and insists on it.
         target_json = {**target_json, "num-cores": psutil.cpu_count(logical=False) or 1}

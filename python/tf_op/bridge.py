@@ -131,7 +131,10 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
     trials = _tuning_trials(tune)
-    if trials and _device(target or DEFAULT_TARGET) is not None:
+    kind = _target_kind(target or DEFAULT_TARGET)
+    if kind not in ("llvm", "cuda"):
+        raise ValueError(f"tf_op.compile: the op runs CPU (llvm) and CUDA libraries, got target {target!r}")
+    if trials and kind != "llvm":
         raise ValueError(f"tf_op.compile: tune is for CPU targets (it measures candidates on this machine), "
                          f"got target {target!r}")
     compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir), trials)
@@ -313,12 +316,18 @@ def _to_tflite(concrete: Any, name: str) -> bytes:
         raise CompileError(f"tf_op.compile({name}): TF's TFLite converter rejected the function: {err}") from err
 
 
+def _target_kind(target: Target) -> str:
+    """The TVM target kind of a kind name, a tag or a dict: ``nvidia/...`` tags
+    are CUDA, TVM's other tags name CPUs."""
+    name = str(target.get("kind") or target.get("tag") or "" if isinstance(target, dict) else target)
+    return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name else name
+
+
 def _device(target: Target) -> str | None:
     """Where a library compiled for ``target`` runs: a CUDA library on the
-    first GPU (its kernels and the VM's memory are there), a CPU one where TF
-    places it (the CPU, or a GPU's host side)."""
-    kind = str(target.get("kind") if isinstance(target, dict) else target).split(" ")[0]
-    return "/GPU:0" if kind == "cuda" or kind.startswith("nvidia/") else None  # a kind, or a tag
+    first GPU (its kernels and the VM's memory are there; this overrides a
+    ``tf.device`` around the call), a CPU one where TF places it."""
+    return "/GPU:0" if _target_kind(target) == "cuda" else None
 
 
 def _tuning_trials(tune: bool | int) -> int:
@@ -356,8 +365,11 @@ def _tvm_version(python: str) -> str:
 
 
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
-    header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version},
-                        sort_keys=True)
+    # A tuned compile keeps whichever of the tuned and the untuned library ran
+    # faster with the worker's TVM_NUM_THREADS (TVM's thread count for parallel kernels).
+    threads = os.environ.get("TVM_NUM_THREADS", "") if trials else ""
+    header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
+                         "tvm_num_threads": threads}, sort_keys=True)
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
 
 
