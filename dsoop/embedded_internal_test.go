@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
 // libraryBin writes serialized modules as TVM does (see readEmbeddedModules):
@@ -131,6 +133,28 @@ func TestExplainLoadFailure(t *testing.T) {
 			}
 			assert.ErrorIs(t, err, tc.want)
 			assert.Contains(t, err.Error(), tc.contains)
+		})
+	}
+}
+
+// TestCheckModelDevice: a model holding CUDA code runs on a CUDA device only;
+// others run anywhere the caller asks.
+func TestCheckModelDevice(t *testing.T) {
+	cuda := &sealedLibrary{embedded: []embeddedModule{{kind: "relax.VMExecutable"}, {kind: cudaKind, format: "fatbin"}}}
+	cpuOnly := &sealedLibrary{embedded: []embeddedModule{{kind: "relax.VMExecutable"}}}
+	tests := []struct {
+		name    string
+		library *sealedLibrary
+		device  dlpack.Device
+		want    error
+	}{
+		{"CUDA model on the CPU", cuda, dlpack.Device{Type: dlpack.CPU}, ErrCUDAModelOnCPU},
+		{"CUDA model on a GPU", cuda, dlpack.Device{Type: dlpack.CUDA}, nil},
+		{"CPU model on the CPU", cpuOnly, dlpack.Device{Type: dlpack.CPU}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.ErrorIs(t, checkModelDevice(tc.library, tc.device), tc.want)
 		})
 	}
 }

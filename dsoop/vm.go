@@ -102,6 +102,19 @@ func (m *Module) VMFunctions() ([]string, error) {
 	return names, nil
 }
 
+// ErrCUDAModelOnCPU: a model whose kernels are CUDA code was asked to run on the
+// CPU, where its VM would hand host memory to GPU kernels.
+var ErrCUDAModelOnCPU = errors.New("the model's kernels are CUDA code: it runs on a CUDA device, not the CPU")
+
+// checkModelDevice refuses a model compiled for CUDA on the CPU (a CUDA target's
+// library under a TF kernel placed on the CPU).
+func checkModelDevice(s *sealedLibrary, device dlpack.Device) error {
+	if _, cuda := s.embeds(cudaKind); cuda && device.Type == dlpack.CPU {
+		return ErrCUDAModelOnCPU
+	}
+	return nil
+}
+
 // vmInstances is the bound on a pool's instances.
 func vmInstances() (int, error) {
 	value := os.Getenv(VMInstancesEnv)
@@ -178,6 +191,9 @@ func (m *Module) VMFunc(name string, device dlpack.Device) (*VMFunc, error) {
 	}
 	if !m.entry.isVM {
 		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable: call its functions with Func", m.entry.path)
+	}
+	if err := checkModelDevice(m.entry.sealed, device); err != nil {
+		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, err)
 	}
 	m.ref.mu.RLock()
 	defer m.ref.mu.RUnlock()

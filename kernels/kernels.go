@@ -143,7 +143,8 @@ func statusCode(err error) int {
 	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrRuntimeVersion),
 		errors.Is(err, dsoop.ErrLegacyNeedsRuntime),
 		errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
-		errors.Is(err, dsoop.ErrCUDASourceNotCompiled), errors.Is(err, dsoop.ErrUnsupportedCPU):
+		errors.Is(err, dsoop.ErrCUDASourceNotCompiled), errors.Is(err, dsoop.ErrUnsupportedCPU),
+		errors.Is(err, dsoop.ErrCUDAModelOnCPU):
 		return codeFailedPrecondition
 	case errors.Is(err, dsoop.ErrDigestMismatch), errors.Is(err, dsoop.ErrNotAllowed):
 		return codePermissionDenied

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path/filepath"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -145,7 +146,7 @@ func WithInplace(inplace map[int]int) Option {
 				return fmt.Errorf("inplace maps an output to an input, both >= 0, got %d: %d", o, i)
 			}
 		}
-		f.inplace = inplace
+		f.inplace = maps.Clone(inplace) // the caller's map may change after
 		return nil
 	}
 }
