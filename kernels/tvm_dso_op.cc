@@ -234,9 +234,9 @@ class CpuPlacement {
     const DataType dtype = ctx->expected_output_dtype(o);
     const auto elements = static_cast<size_t>(shape.num_elements());
     const auto element_size = static_cast<size_t>(tensorflow::DataTypeSize(dtype));
-    // Too large for size_t: TF's allocator says so in its own words.
-    // Outputs with allocator attributes (pinned memory for a copy to a GPU, a
-    // scoped allocator) are TF's to allocate.
+    // TF allocates outputs with allocator attributes (pinned memory for a copy
+    // to a GPU, a scoped allocator), small ones, and ones too large for size_t
+    // (its allocator says so in its own words).
     if (!pool->enabled() || ctx->output_alloc_attr(o).value != 0 || element_size == 0 ||
         elements > SIZE_MAX / element_size || elements * element_size < OutputPool::kMinBytes) {
       return ctx->allocate_output(o, shape, out);
@@ -781,8 +781,6 @@ class CallKernel : public OpKernel {
   std::mutex mu_;  // guards resolving and resolved_
   std::vector<std::unique_ptr<Resolved>> resolved_;
   std::atomic<const Resolved*> latest_{nullptr};
-
- protected:
   std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
 };
 

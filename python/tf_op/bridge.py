@@ -130,14 +130,14 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         if not isinstance(fn, keras.Model):
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
-    trials = _tuning_trials(tune)
-    kind = _target_kind(target or DEFAULT_TARGET)
+    trials, target = _tuning_trials(tune), target or DEFAULT_TARGET
+    kind = _target_kind(target)
     if kind not in ("llvm", "cuda"):
         raise ValueError(f"tf_op.compile: the op runs CPU (llvm) and CUDA libraries, got target {target!r}")
     if trials and kind != "llvm":
         raise ValueError(f"tf_op.compile: tune is for CPU targets (it measures candidates on this machine), "
                          f"got target {target!r}")
-    compiled = CompiledFunction(fn, input_signature, target or DEFAULT_TARGET, _cache_dir(cache_dir), trials)
+    compiled = CompiledFunction(fn, input_signature, target, _cache_dir(cache_dir), trials)
     for batch in batch_sizes:
         compiled.compile_for(compiled.batch_shapes(batch))
     return compiled
