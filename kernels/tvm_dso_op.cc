@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ namespace tvmdsoop {
 namespace {
 
 using ::tensorflow::DataType;
+using ::tensorflow::DataTypeVector;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
@@ -84,6 +86,24 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 using AlignedBuffer = std::unique_ptr<char, FreeDeleter>;
+
+// Per-call storage left uninitialised, for the call path: every element used is
+// written first. Up to N elements live inline (the usual call), more on the heap.
+template <typename T, int N>
+class UninitializedArray {
+ public:
+  explicit UninitializedArray(int n)
+      : heap_(n > N ? new T[n] : nullptr), data_(heap_ != nullptr ? heap_.get() : inline_) {}
+  UninitializedArray(const UninitializedArray&) = delete;
+  UninitializedArray& operator=(const UninitializedArray&) = delete;
+  T* data() { return data_; }
+  T& operator[](int i) { return data_[i]; }
+
+ private:
+  T inline_[N];
+  std::unique_ptr<T[]> heap_;
+  T* const data_;
+};
 
 bool IsAligned(const void* p, int64_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(alignment) == 0;
@@ -451,6 +471,10 @@ class CallKernel : public OpKernel {
     size_t pool_size = 0;
     OP_REQUIRES_OK(ctx, OutputPoolSize(&pool_size));
     output_pool_ = std::make_shared<OutputPool>(pool_size);
+    // Looked up once: a kernel's dtypes are fixed. Lanes 0 marks a dtype DLPack
+    // cannot describe, an error only if that input or output reaches TVM.
+    for (DataType t : input_types()) input_dl_types_.push_back(DLTypeOf(t));
+    for (DataType t : output_types()) output_dl_types_.push_back(DLTypeOf(t));
   }
 
   // The VM pools of models are shared with other kernels and live on.
@@ -472,6 +496,11 @@ class CallKernel : public OpKernel {
     if (latest != nullptr && latest->lib_path == lib_path) {
       *out = latest;
       return Status();
+    }
+    // Paths resolved before hold no NUL byte: only a new one needs the check.
+    if (std::memchr(lib_path.data(), 0, lib_path.size()) != nullptr) {
+      return errors::InvalidArgument(type_string(), ": function '", func_name_,
+                                     "': the library path holds a NUL byte");
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& r : resolved_) {
@@ -513,21 +542,23 @@ class CallKernel : public OpKernel {
   // the buffers on the Placement's device (TVM's destination-passing convention).
   template <typename Placement>
   void Call(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
-            absl::Span<const TensorShape> out_shapes) {
+            absl::Span<const TensorShape* const> out_shapes) {
     const std::string& where = fn.where;
     const DLDevice device = placement.dl_device();
     const int num_out = static_cast<int>(out_shapes.size());
     const int num_args = num_in + num_out;
-    absl::InlinedVector<DLTensor, 8> tensors(num_args);
-    absl::InlinedVector<TVMFFIAny, 8> args(num_args);
+    UninitializedArray<const Tensor*, 8> inputs(num_in);
+    int total_rank = 0;
+    for (int i = 0; i < num_in; ++i) {
+      inputs[i] = &ctx->input(i);
+      total_rank += inputs[i]->dims();
+    }
+    for (const TensorShape* s : out_shapes) total_rank += s->dims();
+    UninitializedArray<DLTensor, 8> tensors(num_args);
+    UninitializedArray<TVMFFIAny, 8> args(num_args);
+    UninitializedArray<int64_t, 32> dims(total_rank);  // the DLTensors' shapes point into it
     // Outputs that TF allocated below the alignment: computed in scratch, copied back.
     absl::InlinedVector<std::pair<Tensor*, const char*>, 2> copy_back;
-
-    int total_rank = 0;
-    for (int i = 0; i < num_in; ++i) total_rank += ctx->input(i).dims();
-    for (const TensorShape& s : out_shapes) total_rank += s.dims();
-    // Sized once: DLTensors point into it.
-    absl::InlinedVector<int64_t, 32> dims(total_rank);
 
     int64_t* next_dims = dims.data();
     for (int i = 0; i < num_args; ++i) {
@@ -538,24 +569,24 @@ class CallKernel : public OpKernel {
         // (no other user of the input, same dtype and size and memory type).
         const int o = i - num_in;
         const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
-        if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, out_shapes[o], &out)) {
-          const Status allocated = placement.AllocateOutput(ctx, o, out_shapes[o], output_pool_, &out);
+        if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, *out_shapes[o], &out)) {
+          const Status allocated = placement.AllocateOutput(ctx, o, *out_shapes[o], output_pool_, &out);
           OP_REQUIRES(ctx, allocated.ok(),
                       Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
-                                                            out_shapes[o].DebugString(), ": ",
+                                                            out_shapes[o]->DebugString(), ": ",
                                                             allocated.message())));
         }
       }
-      const Tensor& t = is_input ? ctx->input(i) : *out;
+      const Tensor& t = is_input ? *inputs[i] : *out;
       DLTensor& dl = tensors[i];
-      OP_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
+      dl.dtype = is_input ? input_dl_types_[i] : output_dl_types_[i - num_in];
+      OP_REQUIRES(ctx, dl.dtype.lanes != 0,
                   errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
                                           tensorflow::DataTypeString(t.dtype()),
                                           ", which DLPack cannot describe"));
-      const absl::string_view bytes = t.tensor_data();
-      char* data = const_cast<char*>(bytes.data());
-      const size_t size = bytes.size();
-      if (size > 0 && !IsAligned(data, alignment_)) {
+      char* data = static_cast<char*>(t.data());
+      if (t.NumElements() > 0 && !IsAligned(data, alignment_)) {
+        const size_t size = t.TotalBytes();
         char* aligned = nullptr;
         const Status got = placement.Scratch(ctx, size, alignment_, &aligned);
         OP_REQUIRES(ctx, got.ok(),
@@ -586,7 +617,7 @@ class CallKernel : public OpKernel {
       ctx->SetStatus(Status(CodeForTVMError(err.kind),
                             absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
                                          err.message ? err.message : "", "\n  TVMDSOOp passed ",
-                                         DescribeArgs(tensors, num_in))));
+                                         DescribeArgs(absl::MakeConstSpan(tensors.data(), num_args), num_in))));
       dsoop_error_clear(&err);
       return;
     }
@@ -757,7 +788,7 @@ class CallKernel : public OpKernel {
   }
 
   // "input 0: float32[3], output 0: float32[3]", for error messages.
-  static std::string DescribeArgs(const absl::InlinedVector<DLTensor, 8>& tensors, int num_in) {
+  static std::string DescribeArgs(absl::Span<const DLTensor> tensors, int num_in) {
     std::string out;
     for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
       const DLTensor& t = tensors[i];
@@ -777,7 +808,13 @@ class CallKernel : public OpKernel {
     return i < num_in ? absl::StrCat("input ", i) : absl::StrCat("output ", i - num_in);
   }
 
+  static DLDataType DLTypeOf(DataType dtype) {
+    DLDataType dl{0, 0, 0};
+    return ToDLDataType(dtype, &dl) ? dl : DLDataType{0, 0, 0};
+  }
+
   std::string func_name_;
+  std::vector<DLDataType> input_dl_types_, output_dl_types_;
   std::mutex mu_;  // guards resolving and resolved_
   std::vector<std::unique_ptr<Resolved>> resolved_;
   std::atomic<const Resolved*> latest_{nullptr};
@@ -809,68 +846,90 @@ class TVMDSOOpKernel : public CallKernel {
                                         " output shapes for ", num_outputs(), " output dtypes"));
     for (const PartialTensorShape& s : output_shapes_) {
       for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
+      // A fully known shape is made once here, not on every call.
+      TensorShape known;
+      static_shapes_.push_back(s.AsTensorShape(&known) ? std::optional<TensorShape>(known) : std::nullopt);
     }
+    // The inputs: the function's (Tin), then output_dims_parts tensors of output
+    // sizes (one in graphs written before the attr was added), then library.
+    DataTypeVector arg_types;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &arg_types));
+    num_in_ = static_cast<int>(arg_types.size());
+    num_dims_parts_ = num_inputs() - num_in_ - 1;
     OP_REQUIRES_OK(ctx, ReadInplace(ctx));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int num_in = ctx->num_inputs() - 2;  // then output_dims and library
+    const int num_in = num_in_;
     // A vector names the libraries of the function's gradient after its own:
     // they ride along so that SavedModels carry them; only the first is called.
-    const Tensor& library = ctx->input(num_in + 1);
+    const Tensor& library = ctx->input(num_in + num_dims_parts_);
     OP_REQUIRES(ctx, library.dims() == 0 || (library.dims() == 1 && library.NumElements() > 0),
                 errors::InvalidArgument(type_string(), ": function '", func_name(),
                                         "': library must be a scalar string (or a vector whose "
                                         "first element is the library), got shape ",
                                         library.shape().DebugString()));
     const tensorflow::tstring& lib_path = library.flat<tensorflow::tstring>()(0);
-    OP_REQUIRES(ctx, std::memchr(lib_path.data(), 0, lib_path.size()) == nullptr,
-                errors::InvalidArgument(type_string(), ": function '", func_name(),
-                                        "': the library path holds a NUL byte"));
     Placement placement;
     OP_REQUIRES_OK(ctx, placement.Init(ctx));
     const Resolved* fn = nullptr;
     OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
                                     lib_sha256_, placement.dl_device(), /*allow_models=*/true, &fn));
     const std::string& where = fn->where;
-    const Tensor& dims = ctx->input(num_in);
+    // The run-time output sizes: output_dims' tensors (scalars or vectors), concatenated.
+    absl::InlinedVector<int64_t, 8> dim_values;
+    for (int k = 0; k < num_dims_parts_; ++k) {
+      const Tensor& part = ctx->input(num_in + k);
+      OP_REQUIRES(ctx, part.dims() <= 1,
+                  errors::InvalidArgument(where, ": output_dims ", k,
+                                          " must be a scalar or a vector, got shape ",
+                                          part.shape().DebugString()));
+      const auto values = part.flat<int64_t>();
+      dim_values.insert(dim_values.end(), values.data(), values.data() + values.size());
+    }
     if (fn->is_model() || returns_) {
       OP_REQUIRES(ctx, inplace_.empty(),
                   errors::InvalidArgument(where, ": returns its outputs, so no output can be "
                                           "written over an input (inplace must be empty)"));
       // Sizes a returning function's outputs have are what it returns: there
       // are none to give, and a -1 in output_shapes is a dimension not checked.
-      OP_REQUIRES(ctx, dims.NumElements() == 0,
+      OP_REQUIRES(ctx, dim_values.empty(),
                   errors::InvalidArgument(where, ": returns its outputs, so output_dims must be "
-                                          "empty, got ", dims.NumElements(), " value(s)"));
+                                          "empty, got ", dim_values.size(), " value(s)"));
       CallReturning(ctx, placement, *fn, num_in, output_shapes_);
       return;
     }
-    OP_REQUIRES(ctx, dims.dims() == 1 && dims.NumElements() == num_dynamic_dims_,
-                errors::InvalidArgument(where, ": output_dims holds ", dims.NumElements(),
+    OP_REQUIRES(ctx, static_cast<int64_t>(dim_values.size()) == num_dynamic_dims_,
+                errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
                                         " values for ", num_dynamic_dims_,
                                         " dynamic output dimensions"));
-    auto dim_values = dims.flat<int64_t>();
+    // Each output's shape: known since construction, input 0's, or completed
+    // from output_dims (into `completed`, sized first: shapes point into it).
+    absl::InlinedVector<const TensorShape*, 4> shapes(num_outputs());
+    absl::InlinedVector<TensorShape, 2> completed;
+    if (num_dynamic_dims_ > 0) completed.resize(num_outputs());
     int next_dynamic = 0;
-    absl::InlinedVector<TensorShape, 4> shapes(num_outputs());
     for (int i = 0; i < num_outputs(); ++i) {
       const PartialTensorShape& declared = output_shapes_[i];
-      if (declared.unknown_rank()) {
+      if (static_shapes_[i].has_value()) {
+        shapes[i] = &*static_shapes_[i];
+      } else if (declared.unknown_rank()) {
         OP_REQUIRES(ctx, num_in > 0,
                     errors::InvalidArgument(where, ": output ", i,
                                             " takes the first input's shape, but there is no input"));
-        shapes[i] = ctx->input(0).shape();
-        continue;
-      }
-      for (int d = 0; d < declared.dims(); ++d) {
-        int64_t size = declared.dim_size(d);
-        if (size < 0) size = dim_values(next_dynamic++);
-        OP_REQUIRES(ctx, size >= 0,
-                    errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
-                                            "; sizes must be >= 0"));
-        const Status added = shapes[i].AddDimWithStatus(size);
-        OP_REQUIRES(ctx, added.ok(),
-                    errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
+        shapes[i] = &ctx->input(0).shape();
+      } else {
+        for (int d = 0; d < declared.dims(); ++d) {
+          int64_t size = declared.dim_size(d);
+          if (size < 0) size = dim_values[next_dynamic++];
+          OP_REQUIRES(ctx, size >= 0,
+                      errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
+                                              "; sizes must be >= 0"));
+          const Status added = completed[i].AddDimWithStatus(size);
+          OP_REQUIRES(ctx, added.ok(),
+                      errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
+        }
+        shapes[i] = &completed[i];
       }
     }
     Call(ctx, placement, *fn, num_in, shapes);
@@ -891,13 +950,12 @@ class TVMDSOOpKernel : public CallKernel {
       return errors::InvalidArgument(where, " has ", inplace_.size(), " entries for ",
                                      num_outputs(), " outputs");
     }
-    const int num_in = num_inputs() - 2;
     for (int o = 0; o < num_outputs(); ++o) {
       const int i = inplace_[o];
       if (i == -1) continue;
-      if (i < 0 || i >= num_in) {
+      if (i < 0 || i >= num_in_) {
         return errors::InvalidArgument(where, ": output ", o, " names input ", i,
-                                       ", but the op has ", num_in, " input(s)");
+                                       ", but the op has ", num_in_, " input(s)");
       }
       if (input_type(i) != output_type(o)) {
         return errors::InvalidArgument(where, ": output ", o, " (",
@@ -912,7 +970,10 @@ class TVMDSOOpKernel : public CallKernel {
   bool returns_ = false;  // a plain function that returns its outputs
   std::string lib_sha256_;
   std::vector<PartialTensorShape> output_shapes_;
+  std::vector<std::optional<TensorShape>> static_shapes_;  // per output, when fully known
   int64_t num_dynamic_dims_ = 0;
+  int num_in_ = 0;            // the function's inputs (Tin)
+  int num_dims_parts_ = 1;    // output_dims' tensors
 };
 
 // TvmDsoOp, the op of TVM 0.7-0.19's tvm.contrib.tf_op, kept so that graphs it
@@ -961,7 +1022,7 @@ class LegacyTvmDsoOpKernel : public CallKernel {
     }
     Placement placement;
     OP_REQUIRES_OK(ctx, placement.Init(ctx));
-    Call(ctx, placement, *fn_, num_in, {shape});
+    Call(ctx, placement, *fn_, num_in, {&shape});
   }
 
  private:
@@ -977,16 +1038,32 @@ Status TVMDSOOpShape(InferenceContext* c) {
     return errors::InvalidArgument("", shapes.size(), " output shapes for ",
                                    c->num_outputs(), " output dtypes");
   }
-  const int num_in = c->num_inputs() - 2;
+  DataTypeVector arg_types;
+  TF_RETURN_IF_ERROR(c->GetAttr("Tin", &arg_types));
+  const int num_in = static_cast<int>(arg_types.size());
+  const int num_dims_parts = c->num_inputs() - num_in - 1;
   ShapeHandle unused;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(num_in), 1, &unused));
-  TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(num_in + 1), 1, &unused));
+  for (int k = 0; k < num_dims_parts; ++k) {
+    TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(num_in + k), 1, &unused));
+  }
+  TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(num_in + num_dims_parts), 1, &unused));
   // A function that returns its outputs gives them the shapes it likes: only
   // what output_shapes declares is known (-1 dimensions stay unknown).
   bool returns = false;
   TF_RETURN_IF_ERROR(c->GetAttr("returns", &returns));
-  // When output_dims is a constant its values are known now, not just the ranks.
-  const Tensor* dim_values = returns ? nullptr : c->input_tensor(num_in);
+  // When output_dims' tensors are constants their values are known now, not just the ranks.
+  std::vector<int64_t> known_values;
+  bool values_known = !returns;
+  for (int k = 0; k < num_dims_parts && values_known; ++k) {
+    const Tensor* part = c->input_tensor(num_in + k);
+    if (part == nullptr) {
+      values_known = false;
+    } else {
+      const auto values = part->flat<int64_t>();
+      known_values.insert(known_values.end(), values.data(), values.data() + values.size());
+    }
+  }
+  const std::vector<int64_t>* dim_values = values_known ? &known_values : nullptr;
   int next_dynamic = 0;
   for (int i = 0; i < c->num_outputs(); ++i) {
     if (shapes[i].unknown_rank()) {
@@ -996,8 +1073,8 @@ Status TVMDSOOpShape(InferenceContext* c) {
     std::vector<tensorflow::shape_inference::DimensionHandle> dims;
     for (int d = 0; d < shapes[i].dims(); ++d) {
       int64_t size = shapes[i].dim_size(d);
-      if (size < 0 && dim_values != nullptr && next_dynamic < dim_values->NumElements()) {
-        size = dim_values->flat<int64_t>()(next_dynamic);
+      if (size < 0 && dim_values != nullptr && next_dynamic < static_cast<int>(dim_values->size())) {
+        size = (*dim_values)[next_dynamic];
         if (size < 0) {
           return errors::InvalidArgument("output ", i, " dimension ", d, " is ", size,
                                          "; sizes must be >= 0");
@@ -1053,11 +1130,12 @@ Status LegacyTvmDsoOpShape(InferenceContext* c) {
 
 REGISTER_OP("TVMDSOOp")
     .Input("args: Tin")
-    .Input("output_dims: int64")
+    .Input("output_dims: output_dims_parts * int64")
     .Input("library: string")
     .Output("outputs: Tout")
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 1")
+    .Attr("output_dims_parts: int >= 0 = 1")
     .Attr("func_name: string")
     .Attr("lib_sha256: string = ''")
     .Attr("output_shapes: list(shape)")
@@ -1083,7 +1161,8 @@ grad_func: the function giving the gradient (tf_op's registered gradient calls
   library[1] when `library` is a vector, whose SHA-256 is `grad_lib_sha256`.
 grad_returns: the gradient function returns its outputs.
 output_dims: the sizes of the output dimensions given as -1 in `output_shapes`, in
-  order (empty when every shape is static).
+  order: `output_dims_parts` scalars or vectors, concatenated. None when every
+  shape is static (graphs written before `output_dims_parts` have one vector).
 output_shapes: one per output; an unknown rank means the first input's shape
   (for returning functions: any shape, not checked; -1 dimensions likewise).
 returns: the function returns its outputs instead of writing them (implied for

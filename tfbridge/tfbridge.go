@@ -216,9 +216,9 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 		s.UpdateErr(OpType, fmt.Errorf("function %q of %s returns its outputs: it takes no output sizes (use Call)", f.name, f.module.path))
 		return nil
 	}
-	if dims == nil {
-		noDims := op.Const(s.SubScope("output_dims"), []int64{})
-		dims = &noDims
+	var outputDims tf.OutputList // none when every output shape is static: no node for TF to run
+	if dims != nil {
+		outputDims = tf.OutputList{*dims}
 	}
 	dtypes := make([]tf.DataType, len(f.outputs))
 	shapes := make([]tf.Shape, len(f.outputs))
@@ -263,7 +263,7 @@ func (f *Func) call(s *op.Scope, dims *tf.Output, inputs []tf.Output) []tf.Outpu
 	}
 	operation := s.AddOperation(tf.OpSpec{
 		Type:  OpType,
-		Input: []tf.Input{tf.OutputList(inputs), *dims, library},
+		Input: []tf.Input{tf.OutputList(inputs), outputDims, library},
 		Attrs: attrs,
 	})
 	if operation == nil {

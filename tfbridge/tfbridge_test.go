@@ -89,6 +89,7 @@ func TestOutputs(t *testing.T) {
 		opts   []tfbridge.Option
 		dims   func(s *op.Scope, x tf.Output) tf.Output
 		shapes [][]int64 // static shapes TF infers
+		inputs int       // the node's: x, output_dims only when sizes come at run time, library
 		want   []any
 	}{
 		{
@@ -96,6 +97,7 @@ func TestOutputs(t *testing.T) {
 			fn:     "transpose",
 			opts:   []tfbridge.Option{tfbridge.WithOutputs(tfbridge.Output{Shape: []int64{3, 2}})},
 			shapes: [][]int64{{3, 2}},
+			inputs: 2,
 			want:   []any{[][]float32{{1, 4}, {2, 5}, {3, 6}}},
 		},
 		{
@@ -107,6 +109,7 @@ func TestOutputs(t *testing.T) {
 				return op.ReverseV2(s, shape, op.Const(s.SubScope("axis"), []int32{0}))
 			},
 			shapes: [][]int64{{-1, -1}},
+			inputs: 3,
 			want:   []any{[][]float32{{1, 4}, {2, 5}, {3, 6}}},
 		},
 		{
@@ -117,6 +120,7 @@ func TestOutputs(t *testing.T) {
 				tfbridge.Output{DType: tf.Double, Shape: []int64{2}},
 			)},
 			shapes: [][]int64{{-1, -1}, {2}},
+			inputs: 2,
 			want:   []any{[][]float32{{2, 4, 6}, {8, 10, 12}}, []float64{6, 15}},
 		},
 	}
@@ -133,6 +137,7 @@ func TestOutputs(t *testing.T) {
 			}
 			require.NoError(t, s.Err())
 			require.Len(t, outs, len(tc.want))
+			assert.Equal(t, tc.inputs, outs[0].Op.NumInputs())
 			for i, o := range outs {
 				assert.Equal(t, tc.shapes[i], mustSlice(t, o.Shape()))
 			}

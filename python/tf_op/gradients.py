@@ -21,7 +21,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_op import _library
-from tf_op.module import _no_dims
 
 
 def _differentiable(dtype: tf.DType) -> bool:
@@ -52,13 +51,13 @@ def _no_gradient(func_name: str, library: tf.Tensor) -> LookupError:
 
 def _declared_outputs(
     func_name: str, grad_name: str, inputs: dict[int, tf.Tensor], returns: bool
-) -> tuple[list[tf.TensorShape], tf.Tensor]:
+) -> tuple[list[tf.TensorShape], list[tf.Tensor]]:
     """The gradient op's output_shapes and output_dims for the gradients of inputs
     (by input index), each shaped like its input. A returning gradient's shapes are
     checked against what is known of the input's; a destination-passing one's sizes
     are the input's, read at run time where the graph does not know them."""
     if returns:
-        return [x.shape for x in inputs.values()], _no_dims()
+        return [x.shape for x in inputs.values()], []
     shapes, dims = [], []
     for index, x in inputs.items():
         if x.shape.is_fully_defined():
@@ -73,7 +72,7 @@ def _declared_outputs(
                 f"tf_op: gradient {grad_name!r} of function {func_name!r}: input {index} has an unknown rank, so "
                 "the shape of its gradient cannot be declared; give the input a known rank"
             )
-    return shapes, tf.concat(dims, axis=0) if dims else _no_dims()
+    return shapes, dims
 
 
 @tf.RegisterGradient("TVMDSOOp")
@@ -81,7 +80,7 @@ def _tvmdso_op_grad(op: Any, *upstream: tf.Tensor | None) -> list[tf.Tensor | No
     func_name = _attr(op, "func_name")
     num_args = len(op.get_attr("Tin"))
     args = list(op.inputs[:num_args])
-    library = op.inputs[num_args + 1]
+    library = op.inputs[-1]
     grad_name = _attr(op, "grad_func")
     if not grad_name:
         raise _no_gradient(func_name, library)

@@ -327,13 +327,12 @@ class Func(tf.Module):
                 static, dynamic = _shape_attr(shape, f"tf_op: {self}: output {i} shape")
                 shapes.append(static)
                 dims.extend(dynamic)
-            output_dims = tf.concat(dims, axis=0) if dims else _no_dims()
             library, attrs = self._library_and_grad()
             if self._outputs.inplace:
                 attrs["inplace"] = list(self._outputs.inplace)
             outputs = _library.load().tvmdso_op(
                 args=inputs,
-                output_dims=output_dims,
+                output_dims=dims,  # none when every shape is static: no input for TF to deliver
                 library=library,
                 Tout=dtypes,
                 output_shapes=shapes,
@@ -359,24 +358,6 @@ class Func(tf.Module):
 
     def __repr__(self) -> str:
         return f"function {self.func_name!r} of {self.module.lib_path}"
-
-
-_NO_DIMS: tf.Tensor | None = None
-
-
-def _no_dims() -> tf.Tensor:
-    """The empty output_dims of functions whose output shapes are all static.
-
-    Made once (creating it was most of the Python wrapper's per-call cost), then
-    shared by eager calls and captured by traced functions; TF1 graphs, which
-    cannot capture eager tensors, get their own constant."""
-    global _NO_DIMS
-    if _in_tf1_graph():
-        return tf.zeros([0], tf.int64)
-    if _NO_DIMS is None:
-        with tf.init_scope():
-            _NO_DIMS = tf.zeros([0], tf.int64)
-    return _NO_DIMS
 
 
 def _in_tf1_graph() -> bool:
@@ -466,7 +447,7 @@ def _shape_attr(shape: ShapeLike, where: str) -> tuple[tf.TensorShape, list[tf.T
             if t.shape.rank != 0:
                 raise ValueError(f"{where}: tensors in a shape list must be scalars, got shape {t.shape}")
             dims.append(None)
-            dynamic.append(tf.reshape(t, [1]))
+            dynamic.append(t)
         else:
             dims.append(int(d))
     return tf.TensorShape(dims), dynamic

@@ -121,6 +121,61 @@ def test_shape_function_static_and_dynamic(mod: tf_op.Module) -> None:
     np.testing.assert_array_equal(f(tf.constant(x)).numpy(), x.T)
 
 
+def _tvmdso_nodes(graph_def: tf.compat.v1.GraphDef) -> list:
+    return [n for n in graph_def.node if n.op == "TVMDSOOp"]
+
+
+def test_static_shapes_give_the_op_no_output_dims_input(mod: tf_op.Module) -> None:
+    """A node input TF must deliver on every run costs the executor more than the
+    kernel's whole call into TVM (docs/profile.md): static shapes add none, and
+    scalar sizes go in as they are, with no Concat or Reshape node to run."""
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+    def f(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        static = mod.func("transpose", output_shape=[3, 2])(x)
+        dynamic = mod.func("transpose", output_shape=[tf.shape(x)[1], 2])(x)
+        return static, dynamic
+
+    static, dynamic = _tvmdso_nodes(f.get_concrete_function().graph.as_graph_def())
+    assert static.attr["output_dims_parts"].i == 0
+    assert len(static.input) == 2  # x, library
+    assert dynamic.attr["output_dims_parts"].i == 1
+    assert len(dynamic.input) == 3  # x, the scalar size, library
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for got in f(tf.constant(x)):
+        np.testing.assert_array_equal(got.numpy(), x.T)
+
+
+@pytest.mark.parametrize(("values", "output_shape"), [([3, 2], [None, None]), ([3], [None, 2])])
+def test_graphs_with_one_output_dims_vector_still_run(testlib: str, values: list[int], output_shape: list) -> None:
+    """Graphs and SavedModels written before output_dims_parts give every node one
+    vector of sizes, and no attr: TF fills in the default, one part."""
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+        _library.load().tvmdso_op(
+            args=[x], output_dims=[tf.constant(values, tf.int64)], library=testlib, Tout=[tf.float32],
+            output_shapes=[output_shape], func_name="transpose", name="tvm",
+        )
+        graph_def = tf.compat.v1.get_default_graph().as_graph_def()
+    (node,) = _tvmdso_nodes(graph_def)
+    del node.attr["output_dims_parts"]  # as the op wrote it before the attr existed
+    with tf.Graph().as_default() as g:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        assert g.get_operation_by_name("tvm").get_attr("output_dims_parts") == 1
+        with tf.compat.v1.Session(graph=g) as sess:
+            x = np.arange(6, dtype=np.float32).reshape(2, 3)
+            np.testing.assert_array_equal(sess.run("tvm:0", feed_dict={"x:0": x}), x.T)
+
+
+def test_output_dims_parts_must_be_scalars_or_vectors(testlib: str) -> None:
+    matrix = tf.Variable([[3, 2]], dtype=tf.int64, shape=tf.TensorShape(None))  # rank unknown to the graph
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"transpose.*output_dims 0 must be a scalar or a vector"):
+        _library.load().tvmdso_op(
+            args=[tf.ones([2, 3])], output_dims=[matrix.read_value()], library=testlib, Tout=[tf.float32],
+            output_shapes=[[None, None]], func_name="transpose",
+        )
+
+
 def test_negative_shape_tensor_is_op_error(mod: tf_op.Module) -> None:
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"transpose.*dimension 0 is -3"):
         mod.func("transpose", output_shape=tf.constant([-3, 2]))(tf.ones([2, 3]))
@@ -437,7 +492,7 @@ def test_inplace_checked_by_the_op(ffi: tf_op.Module, attr: list[int], pattern: 
     fn = _noting(ffi)
     with pytest.raises(tf.errors.InvalidArgumentError, match="function 'add_one_noting_buffers': " + pattern):
         _library.load().tvmdso_op(
-            args=[tf.zeros([64])], output_dims=tf.zeros([0], tf.int64), library=ffi.lib_path,
+            args=[tf.zeros([64])], output_dims=[], library=ffi.lib_path,
             Tout=[tf.float32, tf.int64], output_shapes=[tf.TensorShape(None), [2]],
             func_name=fn.func_name, inplace=attr,
         )
@@ -486,7 +541,7 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
         "wrong shape": lambda: mod.func("add_one_4")(x),
         "negative output size": lambda: mod.func("add_one", output_shape=[tf.constant(-1)])(x),
         "bad alignment at the op": lambda: tf_op.ops().tvmdso_op(
-            args=[x], output_dims=tf.zeros([0], tf.int64), Tout=[tf.float32],
+            args=[x], output_dims=[], Tout=[tf.float32],
             output_shapes=[tf.TensorShape(None)], library=testlib, func_name="add_one", alignment=3,
         ),
         "function raises ValueError": lambda: ffi.func("raise_value_error")(x),
@@ -614,7 +669,7 @@ def test_nul_bytes_are_refused(testlib: str, mod: tf_op.Module) -> None:
         mod.func("add_one\x00junk")
     with pytest.raises(tf.errors.InvalidArgumentError, match="NUL"):
         tf_op.ops().tvmdso_op(
-            args=[tf.constant([1.0])], output_dims=tf.zeros([0], tf.int64), library=testlib + "\x00/evil",
+            args=[tf.constant([1.0])], output_dims=[], library=testlib + "\x00/evil",
             Tout=[tf.float32], output_shapes=[tf.TensorShape(None)], func_name="add_one",
         )
 

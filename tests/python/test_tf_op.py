@@ -187,7 +187,7 @@ def test_bad_alignment_reaching_the_op(mod: tf_op.Module) -> None:
     with pytest.raises(tf.errors.InvalidArgumentError, match="power of two"):
         tf_op.ops().tvmdso_op(
             args=[tf.constant([1.0])],
-            output_dims=tf.zeros([0], tf.int64),
+            output_dims=[],
             Tout=[tf.float32],
             output_shapes=[tf.TensorShape(None)],
             library=mod.lib_path,
