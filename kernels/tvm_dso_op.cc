@@ -468,8 +468,10 @@ class CallKernel : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("func_name", &func_name_));
     OP_REQUIRES(ctx, !func_name_.empty() && func_name_.find('\0') == std::string::npos,
                 errors::InvalidArgument(type_string(), ": bad function name '", func_name_, "'"));
-    size_t pool_size = 0;
-    OP_REQUIRES_OK(ctx, OutputPoolSize(&pool_size));
+    size_t pool_size = 0;  // GPU outputs stay with TF's allocator: the setting is not theirs
+    if (ctx->device_type() == tensorflow::DEVICE_CPU) {
+      OP_REQUIRES_OK(ctx, OutputPoolSize(&pool_size));
+    }
     output_pool_ = std::make_shared<OutputPool>(pool_size);
     // Looked up once: a kernel's dtypes are fixed. Lanes 0 marks a dtype DLPack
     // cannot describe, an error only if that input or output reaches TVM.
