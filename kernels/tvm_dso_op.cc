@@ -540,8 +540,9 @@ class CallKernel : public OpKernel {
     return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
   }
 
-  // Calls the function with inputs [0, num_in) and outputs of out_shapes, with
-  // the buffers on the Placement's device (TVM's destination-passing convention).
+  // Calls the function with inputs [0, num_in) and outputs of out_shapes (nullptr:
+  // input 0's shape), with the buffers on the Placement's device (TVM's
+  // destination-passing convention).
   template <typename Placement>
   void Call(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
             absl::Span<const TensorShape* const> out_shapes) {
@@ -555,7 +556,10 @@ class CallKernel : public OpKernel {
       inputs[i] = &ctx->input(i);
       total_rank += inputs[i]->dims();
     }
-    for (const TensorShape* s : out_shapes) total_rank += s->dims();
+    auto out_shape = [&](int o) -> const TensorShape& {
+      return out_shapes[o] != nullptr ? *out_shapes[o] : inputs[0]->shape();
+    };
+    for (int o = 0; o < num_out; ++o) total_rank += out_shape(o).dims();
     UninitializedArray<DLTensor, 8> tensors(num_args);
     UninitializedArray<TVMFFIAny, 8> args(num_args);
     UninitializedArray<int64_t, 32> dims(total_rank);  // the DLTensors' shapes point into it
@@ -571,11 +575,11 @@ class CallKernel : public OpKernel {
         // (no other user of the input, same dtype and size and memory type).
         const int o = i - num_in;
         const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
-        if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, *out_shapes[o], &out)) {
-          const Status allocated = placement.AllocateOutput(ctx, o, *out_shapes[o], output_pool_, &out);
+        if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, out_shape(o), &out)) {
+          const Status allocated = placement.AllocateOutput(ctx, o, out_shape(o), output_pool_, &out);
           OP_REQUIRES(ctx, allocated.ok(),
                       Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
-                                                            out_shapes[o]->DebugString(), ": ",
+                                                            out_shape(o).DebugString(), ": ",
                                                             allocated.message())));
         }
       }
@@ -905,9 +909,9 @@ class TVMDSOOpKernel : public CallKernel {
                 errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
                                         " values for ", num_dynamic_dims_,
                                         " dynamic output dimensions"));
-    // Each output's shape: known since construction, input 0's, or completed
-    // from output_dims (into `completed`, sized first: shapes point into it).
-    absl::InlinedVector<const TensorShape*, 4> shapes(num_outputs());
+    // Each output's shape: known since construction, input 0's (nullptr), or
+    // completed from output_dims (into `completed`, sized first: shapes point into it).
+    UninitializedArray<const TensorShape*, 4> shapes(num_outputs());
     absl::InlinedVector<TensorShape, 2> completed;
     if (num_dynamic_dims_ > 0) completed.resize(num_outputs());
     int next_dynamic = 0;
@@ -919,7 +923,7 @@ class TVMDSOOpKernel : public CallKernel {
         OP_REQUIRES(ctx, num_in > 0,
                     errors::InvalidArgument(where, ": output ", i,
                                             " takes the first input's shape, but there is no input"));
-        shapes[i] = &ctx->input(0).shape();
+        shapes[i] = nullptr;
       } else {
         for (int d = 0; d < declared.dims(); ++d) {
           int64_t size = declared.dim_size(d);
@@ -934,7 +938,7 @@ class TVMDSOOpKernel : public CallKernel {
         shapes[i] = &completed[i];
       }
     }
-    Call(ctx, placement, *fn, num_in, shapes);
+    Call(ctx, placement, *fn, num_in, absl::MakeConstSpan(shapes.data(), num_outputs()));
   }
 
  private:
