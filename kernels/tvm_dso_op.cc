@@ -2,6 +2,7 @@
 // (without a copy when their buffers are aligned), and the TVM function is called
 // through dsoop.h. The function is resolved once per kernel and library, by Go;
 // after that Compute runs no Go and takes no lock.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -559,7 +560,11 @@ class CallKernel : public OpKernel {
     auto out_shape = [&](int o) -> const TensorShape& {
       return out_shapes[o] != nullptr ? *out_shapes[o] : inputs[0]->shape();
     };
-    for (int o = 0; o < num_out; ++o) total_rank += out_shape(o).dims();
+    for (int o = 0; o < num_out; ++o) {
+      OP_REQUIRES(ctx, out_shapes[o] != nullptr || num_in > 0,
+                  errors::Internal(where, ": output ", o, " takes input 0's shape, but there is no input"));
+      total_rank += out_shape(o).dims();
+    }
     UninitializedArray<DLTensor, 8> tensors(num_args);
     UninitializedArray<TVMFFIAny, 8> args(num_args);
     UninitializedArray<int64_t, 32> dims(total_rank);  // the DLTensors' shapes point into it
@@ -1057,19 +1062,28 @@ Status TVMDSOOpShape(InferenceContext* c) {
   // what output_shapes declares is known (-1 dimensions stay unknown).
   bool returns = false;
   TF_RETURN_IF_ERROR(c->GetAttr("returns", &returns));
-  // When output_dims' tensors are constants their values are known now, not just the ranks.
-  std::vector<int64_t> known_values;
-  bool values_known = !returns;
-  for (int k = 0; k < num_dims_parts && values_known; ++k) {
-    const Tensor* part = c->input_tensor(num_in + k);
-    if (part == nullptr) {
-      values_known = false;
-    } else {
-      const auto values = part->flat<int64_t>();
-      known_values.insert(known_values.end(), values.data(), values.data() + values.size());
-    }
+  // The sizes output_dims gives, one per -1 in output_shapes, where the graph
+  // knows them: from its constant parts. A part whose values are unknown but whose
+  // length is known is skipped; after one of unknown length nothing is known.
+  size_t num_dynamic = 0;
+  for (const PartialTensorShape& s : shapes) {
+    for (int d = 0; d < s.dims(); ++d) num_dynamic += s.dim_size(d) < 0 ? 1 : 0;
   }
-  const std::vector<int64_t>* dim_values = values_known ? &known_values : nullptr;
+  std::vector<std::optional<int64_t>> dim_values;
+  for (int k = 0; k < num_dims_parts && !returns && dim_values.size() < num_dynamic; ++k) {
+    if (const Tensor* part = c->input_tensor(num_in + k); part != nullptr) {
+      const auto values = part->flat<int64_t>();
+      dim_values.insert(dim_values.end(), values.data(), values.data() + values.size());
+      continue;
+    }
+    const ShapeHandle shape = c->input(num_in + k);
+    if (!c->RankKnown(shape)) break;
+    const int64_t length = c->Rank(shape) == 0 ? 1 : c->Value(c->Dim(shape, 0));
+    if (length < 0) break;
+    // At most as many as are wanted: a graph may give a part of any length.
+    const size_t skipped = std::min(static_cast<size_t>(length), num_dynamic - dim_values.size());
+    dim_values.insert(dim_values.end(), skipped, std::nullopt);
+  }
   int next_dynamic = 0;
   for (int i = 0; i < c->num_outputs(); ++i) {
     if (shapes[i].unknown_rank()) {
@@ -1079,8 +1093,8 @@ Status TVMDSOOpShape(InferenceContext* c) {
     std::vector<tensorflow::shape_inference::DimensionHandle> dims;
     for (int d = 0; d < shapes[i].dims(); ++d) {
       int64_t size = shapes[i].dim_size(d);
-      if (size < 0 && dim_values != nullptr && next_dynamic < static_cast<int>(dim_values->size())) {
-        size = (*dim_values)[next_dynamic];
+      if (size < 0 && next_dynamic < static_cast<int>(dim_values.size()) && dim_values[next_dynamic]) {
+        size = *dim_values[next_dynamic];
         if (size < 0) {
           return errors::InvalidArgument("output ", i, " dimension ", d, " is ", size,
                                          "; sizes must be >= 0");
