@@ -1,6 +1,7 @@
 """The TVM half of ``tf_op.compile``: a TFLite flatbuffer in, a Relax VM library out.
 
     python _tvm_compile.py --version
+    python _tvm_compile.py --host-target
     python _tvm_compile.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS]
 
 Runs in its own process on the Python that has apache-tvm (``TVMDSOOP_TVM_PYTHON``),
@@ -9,7 +10,8 @@ and they clash in one process. It imports nothing of tf_op, so any Python with T
 and the ``tflite`` reader can run it by path.
 
 ``--version`` prints the installed apache-tvm version without importing TVM (the
-cache key needs it before a compile is known to be necessary). A compile writes
+cache key needs it before a compile is known to be necessary); ``--host-target``
+prints this machine's CPU as a target's JSON (``target="native"``). A compile writes
 OUT.so and exits 0; a model the frontend or the compiler cannot take exits 2 with
 the reason on stderr (the parent shows its tail). Lines on stderr that start with
 ``tvmdsoop:`` say what stage the compile is at (the parent logs them as they come:
@@ -75,6 +77,10 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     tvm_target = tvm.target.Target(target)
+    if tvm_target.kind.name == "llvm":
+        import _tvm_math  # beside this file, on sys.path as the script's folder
+
+        _tvm_math.register()
     untuned = mod
     if trials > 0:
         mod, tvm_target = tune(mod, target, trials)
@@ -213,6 +219,8 @@ def cpu_pipeline(target: Any) -> Any:
                 if any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
                     reductions += 1
                     scheduled += channel_innermost(sch, block)
+                else:
+                    parallel_elementwise(sch, block)
             mod[gvar] = sch.mod["main"]
         progress(f"scheduled {scheduled} of {reductions} reductions with the output channel innermost")
         return mod
@@ -260,10 +268,54 @@ def channel_innermost(sch: Any, block: Any) -> bool:
             return False
     try:
         sch.reorder(*(loop for i, loop in enumerate(loops) if i != channel), loops[channel])
+        # The output's other dimensions, now outermost, spread over TVM's threads
+        # (before decompose_reduction, which puts the init block under them).
+        parallel_outer(sch, [loop for i, loop in enumerate(loops[:reductions[0]]) if i != channel], loops)
         sch.decompose_reduction(block, loops[reductions[0]])
     except s_tir.ScheduleError:  # a failed primitive changes nothing; a reorder whose decompose failed is correct
         return False
     return True
+
+
+#: The least work (iterations of a block's whole loop nest) worth splitting over
+#: TVM's threads: waking them costs microseconds, a few times what this takes.
+PARALLEL_MIN_WORK = 1 << 18
+
+
+def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> bool:
+    """Fuses the loops ``outer`` (adjacent, outermost of the loop nest ``nest``,
+    each a data-parallel dimension) into one that runs on TVM's threads
+    (``TVM_NUM_THREADS``), when ``nest`` does enough work for it to pay."""
+    from tvm import tirx
+
+    extents = [sch.get(loop).extent for loop in nest]
+    if not outer or not all(isinstance(n, tirx.IntImm) for n in extents):
+        return False
+    work = 1
+    for n in extents:
+        work *= int(n)
+    if work < PARALLEL_MIN_WORK or all(int(sch.get(loop).extent) == 1 for loop in outer):
+        return False
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    return True
+
+
+def parallel_elementwise(sch: Any, block: Any) -> bool:
+    """All but the innermost loop of an elementwise ``block`` (no reduction, one
+    loop per block variable) on TVM's threads, the innermost left to LLVM's
+    vectorizer; False where it left the block as it was."""
+    from tvm import s_tir, tirx
+
+    stmt = sch.get(block)
+    if any(int(v.iter_type) != tirx.IterVar.DataPar for v in stmt.iter_vars) or len(stmt.iter_vars) < 2:
+        return False
+    loops = sch.get_loops(block)
+    if len(loops) != len(stmt.iter_vars):
+        return False
+    try:
+        return parallel_outer(sch, loops[:-1], loops)
+    except s_tir.ScheduleError:  # e.g. a loop whose variable also indexes a reduction elsewhere
+        return False
 
 
 #: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).
@@ -327,9 +379,36 @@ def cpu_flags(target: Any) -> list[str]:
     return sorted({X86_FLAGS[f] for f in codegen.llvm_get_cpu_features(target) if f in X86_FLAGS})
 
 
+def host_target() -> dict[str, Any]:
+    """This machine's CPU as an llvm target: LLVM's name for it, less any x86
+    extension of that CPU model that /proc/cpuinfo does not list (a virtual
+    machine can hide some), so that the library never uses one this CPU lacks."""
+    import tvm
+    from tvm.target import codegen
+
+    target: dict[str, Any] = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
+    have = proc_cpu_flags()
+    missing = sorted(f for f in codegen.llvm_get_cpu_features(tvm.target.Target(target))
+                     if f in X86_FLAGS and have is not None and X86_FLAGS[f] not in have)
+    return {**target, "mattr": [f"-{f}" for f in missing]} if missing else target
+
+
+def proc_cpu_flags() -> set[str] | None:
+    """The flags /proc/cpuinfo lists for the first CPU; None where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((line for line in text.splitlines() if line.startswith("flags")), None)
+    return set(line.partition(":")[2].split()) if line else None
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--version"]:
         print(tvm_version())
+        return 0
+    if argv == ["--host-target"]:
+        print(json.dumps(host_target()))
         return 0
     if len(argv) not in (3, 4) or (len(argv) == 4 and not argv[3].isdigit()):
         print(__doc__, file=sys.stderr)
