@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import keras
 import tensorflow as tf
@@ -44,9 +44,15 @@ logger = logging.getLogger("tf_op.bridge")
 #: would tune for, and use the extensions of, the build machine's CPU).
 DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 
+#: The target that names this machine's CPU (resolved by the TVM worker, from
+#: LLVM's name for the CPU less the extensions /proc/cpuinfo does not list):
+#: AVX2 and FMA where the CPU has them. The default when tuning, which
+#: measures on this machine anyway.
+HOST_TARGET = "native"
+
 #: Part of every cache key: raise it when what a cache entry holds, or how it is
 #: made, changes, so that old entries are not reused.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 #: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
 #: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.
@@ -117,7 +123,10 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         (where the signature leaves it ``None``; every other dimension must be
         known). A function traced with an unknown batch (a SavedModel's serving
         signature) runs whichever compiled shape each call's inputs have.
-      target: a TVM target (its string or dict form); default ``DEFAULT_TARGET``.
+      target: a TVM target (its string or dict form), or ``"native"`` for this
+        machine's CPU; default ``DEFAULT_TARGET`` (portable x86-64), or
+        ``"native"`` with ``tune``. A library that uses extensions a CPU lacks
+        is refused there with an error, never run.
       cache_dir: the cache folder; default ``$TVMDSOOP_CACHE_DIR``, else
         ``~/.cache/tvmdsoop``.
       tune: tune the kernels with TVM's MetaSchedule before compiling, measuring
@@ -130,7 +139,8 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         if not isinstance(fn, keras.Model):
             raise ValueError("tf_op.compile: input_signature is required unless fn is a Keras model")
         input_signature = [tf.TensorSpec(t.shape, t.dtype) for t in fn.inputs]
-    trials, target = _tuning_trials(tune), target or DEFAULT_TARGET
+    trials = _tuning_trials(tune)
+    target = target or (HOST_TARGET if trials else DEFAULT_TARGET)
     kind = _target_kind(target)
     if kind not in ("llvm", "cuda"):
         raise ValueError(f"tf_op.compile: the op runs CPU (llvm) and CUDA libraries, got target {target!r}")
@@ -320,7 +330,7 @@ def _target_kind(target: Target) -> str:
     """The TVM target kind of a kind name, a tag or a dict: ``nvidia/...`` tags
     are CUDA, TVM's other tags name CPUs."""
     name = str(target.get("kind") or target.get("tag") or "" if isinstance(target, dict) else target)
-    return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name else name
+    return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name or name == HOST_TARGET else name
 
 
 def _device(target: Target) -> str | None:
@@ -364,6 +374,20 @@ def _tvm_version(python: str) -> str:
     return result.stdout.strip()
 
 
+@functools.lru_cache(maxsize=None)
+def _host_target(python: str) -> str:
+    """``HOST_TARGET`` resolved by ``python``'s TVM (its JSON): the cache key
+    needs the CPU's name, and only TVM's LLVM knows it."""
+    result = subprocess.run([python, str(_WORKER), "--host-target"], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU: {_tail(result.stderr)}")
+    return result.stdout.strip()
+
+
+def _resolved(target: Target, python: str) -> Target:
+    return cast(Target, json.loads(_host_target(python))) if target == HOST_TARGET else target
+
+
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
     # A tuned compile keeps whichever of the tuned and the untuned library ran
     # faster with the worker's TVM_NUM_THREADS (TVM's thread count for parallel kernels).
@@ -379,6 +403,7 @@ def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir:
     from the cache when its entry is whole (its recorded digest matches), else
     compiled now."""
     python = _tvm_python()
+    target = _resolved(target, python)
     key = _cache_key(tflite_bytes, target, trials, _tvm_version(python))
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
     cache_dir.mkdir(parents=True, exist_ok=True)
