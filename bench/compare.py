@@ -294,9 +294,18 @@ def model(rounds: int) -> Results:
     return out
 
 
+#: How TVM runs parallel kernels beside TF (docs/bridge.md, Threads): on every
+#: CPU, as TF's kernels do (TVM's default is half of them), with its idle threads
+#: asleep, not spinning on the CPUs TF's next call needs.
+TVM_THREADS_BESIDE_TF = {"TVM_NUM_THREADS": str(os.cpu_count() or 1), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+
+
 def bridge(rounds: int, tune: int = 0) -> Results:
     """8: tf_op.compile (and, ``tune``, tuned) against TF; the cache starts empty: real compiles."""
     import keras
+
+    for name, value in TVM_THREADS_BESIDE_TF.items():  # before TVM's first parallel kernel, and its workers
+        os.environ.setdefault(name, value)
 
     sys.path.insert(0, str(ROOT / "tests" / "modules"))
     from keras_cnn import INPUT_SHAPE, build_model
@@ -314,7 +323,8 @@ def bridge(rounds: int, tune: int = 0) -> Results:
                                                              classifier_activation=None), (96, 96, 3)),
               "tf_function": (math_ops, (64,))}
     shutil.rmtree(BRIDGE_CACHE, ignore_errors=True)
-    out: Results = {"bridge_rounds": rounds, "bridge_tune_trials": tune}
+    out: Results = {"bridge_rounds": rounds, "bridge_tune_trials": tune,
+                    **{f"bridge_{name.lower()}": os.environ[name] for name in TVM_THREADS_BESIDE_TF}}
     for name, (fn, shape) in models.items():
         reference = (lambda x, m=fn: m(x, training=False)) if isinstance(fn, keras.Model) else fn
         signature = [tf.TensorSpec([None, *shape])]
