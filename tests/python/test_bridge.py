@@ -226,10 +226,12 @@ _VEX = re.compile(r"\tv[a-z0-9]+\s+[^\n]*%[xyz]mm")  # an AVX (VEX/EVEX-encoded)
     (None, False),
     pytest.param({"kind": "llvm", "mcpu": "haswell"}, True,
                  marks=pytest.mark.skipif("avx2" not in _HOST_FLAGS, reason="runs an AVX2 library")),
-], ids=["default", "haswell"])
+    ("native", "avx" in _HOST_FLAGS),
+], ids=["default", "haswell", "native"])
 def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> None:
     """The default target uses no AVX instruction, so its libraries run on any
-    x86-64 CPU; an explicit target is honoured (and the check can see AVX)."""
+    x86-64 CPU; an explicit target is honoured (and the check can see AVX);
+    "native" uses this CPU's."""
     model = _cnn()
     x = _inputs(1, 16, 16, 3)
     y = compile(model, [tf.TensorSpec([1, 16, 16, 3])], target=target, cache_dir=tmp_path)(x)
@@ -238,6 +240,33 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
     disassembly = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True, check=True).stdout
     assert "%xmm" in disassembly
     assert bool(_VEX.search(disassembly)) == avx
+
+
+#: Run on the TVM Python: the worker's host target on this CPU, and on this CPU
+#: as a virtual machine that hides AVX2 from /proc/cpuinfo would show it.
+_HOST_TARGET = """
+import json, sys
+import tvm
+sys.path.insert(0, sys.argv[1])
+import _tvm_compile as worker
+targets = {"this": worker.host_target()}
+flags = worker.proc_cpu_flags()
+worker.proc_cpu_flags = lambda: flags - {"avx2"}
+targets["no_avx2"] = worker.host_target()
+print(json.dumps({name: [t, worker.cpu_flags(tvm.target.Target(t))] for name, t in targets.items()}))
+"""
+
+
+@pytest.mark.skipif("avx2" not in _HOST_FLAGS, reason="needs an x86 CPU with AVX2")
+def test_native_target_uses_only_the_extensions_the_cpu_lists() -> None:
+    result = subprocess.run([TVM_PYTHON, "-c", _HOST_TARGET, str(Path(tf_op.__file__).parent)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.splitlines()[-1])
+    (this, this_flags), (hidden, hidden_flags) = figures["this"], figures["no_avx2"]
+    assert this["kind"] == "llvm" and this["mcpu"] not in ("", "generic"), this
+    assert "avx2" in this_flags and set(this_flags) <= _HOST_FLAGS, figures
+    assert "-avx2" in hidden.get("mattr", []) and "avx2" not in hidden_flags, figures
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU runs it: test_gpu.py has its values")
@@ -270,6 +299,31 @@ def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest
     assert "scheduled 5 of 5 reductions with the output channel innermost" in caplog.text, caplog.text
 
 
+_PARALLEL_SCRIPT = textwrap.dedent("""
+    import logging, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[2])
+    from test_bridge import ATOL, RTOL, _cnn, _inputs
+    from tf_op import compile
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    model, x = _cnn(), _inputs(8, 16, 16, 3)
+    np.testing.assert_allclose(compile(model, cache_dir=sys.argv[1], batch_sizes=[8])(x).numpy(), model(x).numpy(),
+                               rtol=RTOL, atol=ATOL)
+""")
+
+
+def test_large_untuned_loop_nests_run_on_tvms_threads(tmp_path: Path) -> None:
+    """At batch 8 the CNN's first convolution does enough work to split over
+    TVM's threads (two, in a fresh process): the log counts it, and the values
+    are still Keras's."""
+    result = run_python(_PARALLEL_SCRIPT, str(tmp_path), str(Path(__file__).parent),
+                        env={"TVM_NUM_THREADS": "2", "TVM_THREAD_POOL_SPIN_COUNT": "0"})
+    assert result.returncode == 0, result.stderr
+    counted = re.search(r"scheduled 5 of 5 reductions with the output channel innermost; ([0-9]+) loop nests run on "
+                        r"TVM's threads", result.stderr)
+    assert counted and int(counted[1]) >= 1, result.stderr
+
+
 #: Run on the TVM Python: channel_innermost on a matmul whose weight is (K, N),
 #: where the output channel is contiguous everywhere, and (N, K), where it is not.
 _CHANNEL_INNERMOST = """
@@ -295,6 +349,59 @@ def test_channel_innermost_moves_only_a_contiguous_channel() -> None:
     assert result.stdout.splitlines() == ["kn True i k j", "nk False i j k"]
 
 
+#: Run on the TVM Python: exp and log of float32 through the worker's lowering,
+#: against numpy in float64, in ulps of the float32 result; float64 keeps libm's.
+_VECTOR_MATH = """
+import json, sys
+import numpy as np, tvm
+from tvm import te, tirx
+sys.path.insert(0, sys.argv[1])
+import _tvm_math
+_tvm_math.register()
+_tvm_math.register()  # a second call is harmless
+np.seterr(all="ignore")  # numpy's reference overflows and takes logs of negatives on purpose
+n, rng, out = 1 << 20, np.random.default_rng(0), {}
+specials = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, -87.4, -103.0, -104.0, 1e-40, 1e-45, 3.4e38]
+inputs = {"exp": np.concatenate([rng.uniform(-110, 90, n), specials]),
+          "log": np.concatenate([np.exp(rng.uniform(-100, 88, n)), rng.uniform(-1, 0, 64), specials])}
+for name, fn in (("exp", tirx.exp), ("log", tirx.log)):
+    for dtype in ("float32", "float64"):
+        xs = inputs[name].astype(dtype)
+        x = te.placeholder(xs.shape, dtype, name="x")
+        f = tvm.compile(te.create_prim_func([x, te.compute(xs.shape, lambda i: fn(x[i]), name="y")]),
+                        target={"kind": "llvm", "mcpu": "x86-64"})
+        y = tvm.runtime.tensor(np.zeros_like(xs))
+        f(tvm.runtime.tensor(xs), y)
+        got, want = y.numpy(), getattr(np, name)(xs.astype(np.float64)).astype(dtype)
+        normal = np.isfinite(want) & (np.abs(want) >= np.finfo(dtype).tiny)
+        exact = ~np.isfinite(want) | (want == 0)  # NaN, inf, 0
+        error = np.abs(got.astype(np.float64) - want)
+        out[f"{name} {dtype}"] = {
+            "ulp": float((error[normal] / np.spacing(np.abs(want[normal]))).max()),
+            "subnormal_steps": float((error[~normal & ~exact] / np.finfo(dtype).smallest_subnormal).max(initial=0)),
+            "special": [repr(v) for v in got[exact]] == [repr(v) for v in want[exact]],
+            "libm": f"llvm.{name}." in f.mod.inspect_source("ll")}
+print(json.dumps(out))
+"""
+
+
+def test_exp_and_log_vectorize_within_an_ulp() -> None:
+    """The worker lowers float32 exp and log to polynomials LLVM can vectorize
+    (no libm call left), as exact as libm's on a million inputs (subnormal
+    results aside: within one subnormal step), NaN, inf and 0 kept."""
+    result = subprocess.run([TVM_PYTHON, "-c", _VECTOR_MATH, str(Path(tf_op.__file__).parent)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.splitlines()[-1])
+    for name in ("exp", "log"):
+        assert figures[f"{name} float32"]["libm"] is False, figures
+        assert figures[f"{name} float64"]["libm"] is True, figures
+        for dtype in ("float32", "float64"):
+            assert figures[f"{name} {dtype}"]["ulp"] <= 1.0, figures
+            assert figures[f"{name} {dtype}"]["subnormal_steps"] <= 1.0, figures
+            assert figures[f"{name} {dtype}"]["special"] is True, figures
+
+
 TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
 
 
@@ -307,6 +414,7 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     model, x = _mlp(), _inputs(4, 16)
     caplog.set_level(logging.INFO, logger="tf_op.bridge")
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
+    assert tuned.target == "native", "a tuned library is for the CPU it was measured on"
     np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
     assert re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "no progress while tuning"
