@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import cast
 
 from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
-                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, VM_DIRECT, Results)
+                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, TVM_BESIDE_TF, VM_DIRECT, Results)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's import: no start-up logging
 
@@ -88,8 +88,7 @@ def put(out: Results, key: str, values: list[float]) -> None:
 
 
 def alias(out: Results, key: str, source: str) -> None:  # a headline key: source's figure and quartiles
-    for suffix in ("", "_q1", "_q3"):
-        out[key + suffix] = out[source + suffix]
+    out.update({key + suffix: out[source + suffix] for suffix in ("", "_q1", "_q3")})
 
 
 def per_op(t: Timings, name: str, length: int) -> list[float]:
@@ -294,19 +293,11 @@ def model(rounds: int) -> Results:
     return out
 
 
-#: How TVM runs parallel kernels beside TF (docs/bridge.md, Threads): on every
-#: CPU, as TF's kernels do (TVM's default is half of them), with its idle threads
-#: asleep, not spinning on the CPUs TF's next call needs.
-TVM_THREADS_BESIDE_TF = {"TVM_NUM_THREADS": str(os.cpu_count() or 1), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
-
-
 def bridge(rounds: int, tune: int = 0) -> Results:
     """8: tf_op.compile (and, ``tune``, tuned) against TF; the cache starts empty: real compiles."""
     import keras
 
-    for name, value in TVM_THREADS_BESIDE_TF.items():  # before TVM's first parallel kernel, and its workers
-        os.environ.setdefault(name, value)
-
+    os.environ.update({k: os.environ.get(k, v) for k, v in TVM_BESIDE_TF.items()})  # before TVM's first thread
     sys.path.insert(0, str(ROOT / "tests" / "modules"))
     from keras_cnn import INPUT_SHAPE, build_model
 
@@ -323,8 +314,7 @@ def bridge(rounds: int, tune: int = 0) -> Results:
                                                              classifier_activation=None), (96, 96, 3)),
               "tf_function": (math_ops, (64,))}
     shutil.rmtree(BRIDGE_CACHE, ignore_errors=True)
-    out: Results = {"bridge_rounds": rounds, "bridge_tune_trials": tune,
-                    **{f"bridge_{name.lower()}": os.environ[name] for name in TVM_THREADS_BESIDE_TF}}
+    out: Results = {"bridge_rounds": rounds, "bridge_tune_trials": tune, **{f"bridge_{k.lower()}": os.environ[k] for k in TVM_BESIDE_TF}}
     for name, (fn, shape) in models.items():
         reference = (lambda x, m=fn: m(x, training=False)) if isinstance(fn, keras.Model) else fn
         signature = [tf.TensorSpec([None, *shape])]
@@ -350,8 +340,7 @@ def bridge(rounds: int, tune: int = 0) -> Results:
             t = interleave(calls, rounds=rounds, min_time=0.04)
             out[f"{p}tf_us"] = t.median("tf") * 1e6
             for variant in variants:
-                put(out, f"bridge_{'tuned_' if variant == 'tuned' else ''}ratio_vs_tf_{name}_b{batch}",
-                    t.ratios("tf", variant))
+                put(out, f"bridge_{'tuned_' * (variant == 'tuned')}ratio_vs_tf_{name}_b{batch}", t.ratios("tf", variant))
                 out[f"{p}{variant}_us"] = t.median(variant) * 1e6
     return out
 

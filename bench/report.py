@@ -12,8 +12,8 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import (BRIDGE_MODELS, CHAIN, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES,  # noqa: E402
-                    MODEL_BATCHES, MODEL_CHAIN, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS, Results,
-                    goal_met)
+                    MODEL_BATCHES, MODEL_CHAIN, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS, TVM_BESIDE_TF,
+                    Results, goal_met)
 
 Rows = list[tuple[str, str]]
 
@@ -58,9 +58,7 @@ DETAILS: dict[str, list[str]] = {
 
 def cell(r: Results, key: str) -> str:
     """A figure, digits by its size, with its quartiles over rounds when it has them."""
-    if key not in r:
-        return "–"
-    v = r[key]
+    v = r.get(key, "–")
     if not isinstance(v, float):
         return str(v)
     text = f"{v:.{0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2}f}"
@@ -123,7 +121,7 @@ def results_part(r: Results) -> str:
         table(["figure", *(f"batch {b}" for b in batches)],
               [[f"`model_b*_{key}`", *(cell(r, f"model_b{b}_{key}") for b in batches)]
                for key in ("ratio_vs_tvm_vm", "ratio_vs_keras", "ratio_vs_keras_x1", "overhead_us")]),
-        "### `tf_op.compile` against TensorFlow (8)",
+        "### `tf_op.compile` against TensorFlow (8), " + ", ".join(f"{k}={r.get('bridge_' + k.lower(), 'unset')}" for k in TVM_BESIDE_TF),
         table(["model", "batch", "TF µs", "compiled op µs", "TF / compiled", "compile s",
                *([f"tuned op µs (tune={r.get('bridge_tune_trials')})", "TF / tuned", "tuning s"] if tuned else [])],
               [[m, str(b), *(cell(r, f"bridge_{m}_b{b}_{s}") for s in ("tf_us", "tvm_us")),
