@@ -58,6 +58,10 @@ FORMAT_VERSION = 5
 #: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.
 DEFAULT_TUNING_TRIALS = 1000
 
+#: What TVM's thread pool reads from the environment: how many threads run a
+#: parallel loop, and how long idle ones spin before sleeping (docs/bridge.md).
+_TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
+
 #: How many lines of the worker's stderr a CompileError shows.
 _STDERR_TAIL_LINES = 40
 
@@ -390,10 +394,10 @@ def _resolved(target: Target, python: str) -> Target:
 
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
     # A tuned compile keeps whichever of the tuned and the untuned library ran
-    # faster with the worker's TVM_NUM_THREADS (TVM's thread count for parallel kernels).
-    threads = os.environ.get("TVM_NUM_THREADS", "") if trials else ""
+    # faster with the worker's TVM thread settings, which it inherits from here.
+    threads = {name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS} if trials else {}
     header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
-                         "tvm_num_threads": threads}, sort_keys=True)
+                         "tvm_threads": threads}, sort_keys=True)
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
 
 

@@ -428,6 +428,20 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert len(_libraries(tmp_path)) == 2, "tuned and untuned libraries share a cache key"
 
 
+def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuned entry is the library that ran faster with the worker's thread
+    settings: other settings get another entry; untuned entries do not depend on them."""
+    from tf_op.bridge import _cache_key
+
+    keys = {}
+    for threads, spin in (("1", ""), ("2", ""), ("2", "0")):
+        monkeypatch.setenv("TVM_NUM_THREADS", threads)
+        monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", spin)
+        keys[threads, spin] = (_cache_key(b"model", "native", 16, "0.27"), _cache_key(b"model", "native", 0, "0.27"))
+    assert len({tuned for tuned, _ in keys.values()}) == 3, keys
+    assert len({untuned for _, untuned in keys.values()}) == 1, keys
+
+
 @pytest.mark.parametrize("tune", [-1, 2.5, "yes"])
 def test_tune_takes_a_bool_or_a_trial_count(tune, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tune is True, False or a number of trials"):
