@@ -37,92 +37,116 @@ _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-
 _SQRT_HALF = 0.707106781186547524
 _MIN_NORMAL = 1.17549435e-38
 
+_DL_FLOAT = 2  # DLPack's type code of IEEE floats (bfloat16 has its own)
+
 _registered = False
 
 
 def register() -> None:
-    """Lowers float32 ``exp`` and ``log`` for llvm targets to the polynomials
-    below (other dtypes keep libm's); once per process (TVM refuses a second
-    rule at the same level)."""
+    """Lowers float32 ``exp`` and ``log`` (scalar, or vectors, as MetaSchedule's
+    vectorized kernels call them) for llvm targets to the polynomials below;
+    other dtypes keep libm's. Once per process: TVM refuses a second rule at the
+    same level."""
     global _registered
     from tvm import tirx
 
     if _registered:
         return
-    _registered = True
     tirx.register_intrin_lowering("tirx.exp", target="llvm", f=_float32_only(vector_exp), level=_LEVEL)
     tirx.register_intrin_lowering("tirx.log", target="llvm", f=_float32_only(vector_log), level=_LEVEL)
+    _registered = True
 
 
 def _float32_only(rule: Any) -> Any:
     from tvm import tirx
+    from tvm.runtime import DataType
 
     def lower(call: Any) -> Any:
         (x,) = call.args
-        if str(call.ty) != "float32":  # libm's, as TVM lowers it by default
+        dtype = DataType(str(call.ty))
+        if dtype.type_code != _DL_FLOAT or dtype.bits != 32:  # libm's, as TVM lowers it by default
             return tirx.call_llvm_pure_intrin(str(call.ty), f"llvm.{call.op.name.split('.')[-1]}", x)
-        return rule(x)
+        return rule(x, dtype.lanes)
 
     return lower
 
 
-def _poly(x: Any, coefficients: tuple[float, ...]) -> Any:
-    """Horner's rule: coefficients from the highest power down."""
-    from tvm import tirx
+class _Lanes:
+    """Constants and types for ``lanes``-wide float32 / int32 values (1: scalars)."""
 
-    acc = tirx.const(coefficients[0], "float32")
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.int32 = "int32" if lanes == 1 else f"int32x{lanes}"
+        self.float32 = "float32" if lanes == 1 else f"float32x{lanes}"
+
+    def _const(self, value: float, dtype: str) -> Any:
+        from tvm import tirx
+
+        scalar = tirx.const(value, dtype)
+        return scalar if self.lanes == 1 else tirx.Broadcast(scalar, self.lanes)
+
+    def f(self, value: float) -> Any:
+        return self._const(value, "float32")
+
+    def i(self, value: int) -> Any:
+        return self._const(value, "int32")
+
+
+def _poly(x: Any, coefficients: tuple[float, ...], v: _Lanes) -> Any:
+    """Horner's rule: coefficients from the highest power down."""
+    acc = v.f(coefficients[0])
     for c in coefficients[1:]:
-        acc = acc * x + tirx.const(c, "float32")
+        acc = acc * x + v.f(c)
     return acc
 
 
-def vector_exp(x: Any) -> Any:
+def vector_exp(x: Any, lanes: int = 1) -> Any:
     """Cephes ``expf``: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by a degree-7
     polynomial, times 2^n made in two halves' exponent bits (so that n from
     -150 to 128 needs no exponent outside float32's normal range)."""
     from tvm import tirx
 
-    f32 = lambda v: tirx.const(v, "float32")  # noqa: E731
-    clamped = tirx.max(tirx.min(x, f32(_EXP_HI)), f32(_EXP_LO))
+    v = _Lanes(lanes)
+    clamped = tirx.max(tirx.min(x, v.f(_EXP_HI)), v.f(_EXP_LO))
     # floor by truncation, which SSE2 has for vectors (its floor is SSE4.1's)
-    y = clamped * f32(_LOG2E) + f32(0.5)
-    truncated = y.astype("int32")
-    k = truncated - tirx.Select(truncated.astype("float32") > y, tirx.const(1, "int32"), tirx.const(0, "int32"))
-    n = k.astype("float32")
-    r = clamped - n * f32(_LN2_HI) - n * f32(_LN2_LO)
-    p = _poly(r, _EXP_POLY) * r * r + r + f32(1.0)
-    half = k >> 1
-    result = p * _pow2(half) * _pow2(k - half)
-    result = tirx.Select(x > f32(_EXP_HI), f32(float("inf")), result)
-    result = tirx.Select(x < f32(_EXP_LO), f32(0.0), result)
+    y = clamped * v.f(_LOG2E) + v.f(0.5)
+    truncated = y.astype(v.int32)
+    k = truncated - tirx.Select(truncated.astype(v.float32) > y, v.i(1), v.i(0))
+    n = k.astype(v.float32)
+    r = clamped - n * v.f(_LN2_HI) - n * v.f(_LN2_LO)
+    p = _poly(r, _EXP_POLY, v) * r * r + r + v.f(1.0)
+    half = k >> v.i(1)
+    result = p * _pow2(half, v) * _pow2(k - half, v)
+    result = tirx.Select(x > v.f(_EXP_HI), v.f(float("inf")), result)
+    result = tirx.Select(x < v.f(_EXP_LO), v.f(0.0), result)
     return tirx.Select(tirx.isnan(x), x, result)
 
 
-def _pow2(k: Any) -> Any:
+def _pow2(k: Any, v: _Lanes) -> Any:
     """2.0^k for an int32 k in float32's normal exponent range."""
     from tvm import tirx
 
-    return tirx.reinterpret("float32", (k + tirx.const(127, "int32")) << tirx.const(23, "int32"))
+    return tirx.reinterpret(v.float32, (k + v.i(127)) << v.i(23))
 
 
-def vector_log(x: Any) -> Any:
+def vector_log(x: Any, lanes: int = 1) -> Any:
     """Cephes ``logf``: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a
     polynomial in m - 1, plus e ln 2."""
     from tvm import tirx
 
-    f32, i32 = (lambda v: tirx.const(v, "float32")), (lambda v: tirx.const(v, "int32"))  # noqa: E731
-    subnormal = x < f32(_MIN_NORMAL)
-    scaled = tirx.Select(subnormal, x * f32(2.0**23), x)  # a subnormal's exponent bits say nothing
-    bits = tirx.reinterpret("int32", scaled)
-    e = ((bits >> 23) & i32(0xFF)) - i32(126) - tirx.Select(subnormal, i32(23), i32(0))
-    m = tirx.reinterpret("float32", (bits & i32(0x007FFFFF)) | i32(0x3F000000))  # in [0.5, 1)
-    small = m < f32(_SQRT_HALF)
-    e = e - tirx.Select(small, i32(1), i32(0))
-    m = tirx.Select(small, m + m, m) - f32(1.0)
-    ef = e.astype("float32")
+    v = _Lanes(lanes)
+    subnormal = x < v.f(_MIN_NORMAL)
+    scaled = tirx.Select(subnormal, x * v.f(2.0**23), x)  # a subnormal's exponent bits say nothing
+    bits = tirx.reinterpret(v.int32, scaled)
+    e = ((bits >> v.i(23)) & v.i(0xFF)) - v.i(126) - tirx.Select(subnormal, v.i(23), v.i(0))
+    m = tirx.reinterpret(v.float32, (bits & v.i(0x007FFFFF)) | v.i(0x3F000000))  # in [0.5, 1)
+    small = m < v.f(_SQRT_HALF)
+    e = e - tirx.Select(small, v.i(1), v.i(0))
+    m = tirx.Select(small, m + m, m) - v.f(1.0)
+    ef = e.astype(v.float32)
     z = m * m
-    y = _poly(m, _LOG_POLY) * m * z + ef * f32(_LN2_LO) - f32(0.5) * z
-    result = m + y + ef * f32(_LN2_HI)
-    result = tirx.Select(x == f32(0.0), f32(float("-inf")), result)
-    result = tirx.Select(x == f32(float("inf")), x, result)
-    return tirx.Select(tirx.isnan(x) | (x < f32(0.0)), f32(float("nan")), result)
+    y = _poly(m, _LOG_POLY, v) * m * z + ef * v.f(_LN2_LO) - v.f(0.5) * z
+    result = m + y + ef * v.f(_LN2_HI)
+    result = tirx.Select(x == v.f(0.0), v.f(float("-inf")), result)
+    result = tirx.Select(x == v.f(float("inf")), x, result)
+    return tirx.Select(tirx.isnan(x) | (x < v.f(0.0)), v.f(float("nan")), result)
