@@ -333,8 +333,10 @@ def _to_tflite(concrete: Any, name: str) -> bytes:
 def _target_kind(target: Target) -> str:
     """The TVM target kind of a kind name, a tag or a dict: ``nvidia/...`` tags
     are CUDA, TVM's other tags name CPUs."""
+    if target == HOST_TARGET:
+        return "llvm"
     name = str(target.get("kind") or target.get("tag") or "" if isinstance(target, dict) else target)
-    return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name or name == HOST_TARGET else name
+    return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name else name
 
 
 def _device(target: Target) -> str | None:
@@ -383,9 +385,14 @@ def _host_target(python: str) -> str:
     """``HOST_TARGET`` resolved by ``python``'s TVM (its JSON): the cache key
     needs the CPU's name, and only TVM's LLVM knows it."""
     result = subprocess.run([python, str(_WORKER), "--host-target"], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU: {_tail(result.stderr)}")
-    return result.stdout.strip()
+    lines = result.stdout.strip().splitlines()
+    try:
+        if result.returncode != 0 or not isinstance(json.loads(lines[-1]), dict):
+            raise ValueError(f"exit {result.returncode}")
+    except (IndexError, ValueError) as err:
+        raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU ({err}): "
+                           f"{_tail(result.stderr)}") from err
+    return lines[-1]
 
 
 def _resolved(target: Target, python: str) -> Target:
@@ -394,8 +401,11 @@ def _resolved(target: Target, python: str) -> Target:
 
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
     # A tuned compile keeps whichever of the tuned and the untuned library ran
-    # faster with the worker's TVM thread settings, which it inherits from here.
-    threads = {name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS} if trials else {}
+    # faster with the worker's TVM thread settings, which it inherits from here,
+    # on this many CPUs (TVM's thread count when unset, MetaSchedule's num-cores).
+    threads: dict[str, str] = {}
+    if trials:
+        threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
     header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
                          "tvm_threads": threads}, sort_keys=True)
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
@@ -407,8 +417,9 @@ def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir:
     from the cache when its entry is whole (its recorded digest matches), else
     compiled now."""
     python = _tvm_python()
+    version = _tvm_version(python)  # first: its error names the fix for a Python without TVM
     target = _resolved(target, python)
-    key = _cache_key(tflite_bytes, target, trials, _tvm_version(python))
+    key = _cache_key(tflite_bytes, target, trials, version)
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(cache_dir / f"{key}.lock"):

@@ -269,6 +269,19 @@ def test_native_target_uses_only_the_extensions_the_cpu_lists() -> None:
     assert "-avx2" in hidden.get("mattr", []) and "avx2" not in hidden_flags, figures
 
 
+def test_native_target_without_tvm_is_a_compile_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that cannot name the CPU (here: it cannot import TVM, though its
+    Python has apache-tvm's metadata) fails the compile with its reason."""
+    shim = tmp_path / "python-without-tvm"
+    shim.write_text(f"#!/bin/sh\n[ \"$2\" = --version ] && exec {sys.executable} \"$@\"\n"
+                    "echo 'ModuleNotFoundError: no tvm here' >&2; exit 1\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("TVMDSOOP_TVM_PYTHON", str(shim))
+    with pytest.raises(CompileError, match=r"could not name this machine's CPU \(exit 1\).*no tvm here"):
+        compile(_mlp(), target="native", cache_dir=tmp_path / "cache", batch_sizes=[2])
+    assert _entries(tmp_path / "cache") == []
+
+
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="a GPU runs it: test_gpu.py has its values")
 def test_a_cuda_target_compiles_and_pins_the_op_to_the_gpu(tmp_path: Path) -> None:
     """TVM compiles for CUDA on a machine without a GPU (nvcc from
@@ -286,6 +299,8 @@ def test_a_cuda_target_compiles_and_pins_the_op_to_the_gpu(tmp_path: Path) -> No
         compile(_mlp(), target="cuda", cache_dir=tmp_path, tune=8)
     with pytest.raises(ValueError, match="the op runs CPU .llvm. and CUDA libraries, got target 'rocm'"):
         compile(_mlp(), target="rocm", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="got target {'kind': 'native'}"):  # "native" is a name, not a kind
+        compile(_mlp(), target={"kind": "native"}, cache_dir=tmp_path)
 
 
 def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -350,33 +365,37 @@ def test_channel_innermost_moves_only_a_contiguous_channel() -> None:
 
 
 #: Run on the TVM Python: exp and log of float32 through the worker's lowering,
-#: against numpy in float64, in ulps of the float32 result; float64 keeps libm's.
+#: for a target, in loops LLVM vectorizes and in ones scheduled as vectors (as
+#: MetaSchedule's are), against numpy in float64, in ulps of the float32
+#: result; float64 keeps libm's.
 _VECTOR_MATH = """
 import json, sys
 import numpy as np, tvm
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 sys.path.insert(0, sys.argv[1])
 import _tvm_math
 _tvm_math.register()
 _tvm_math.register()  # a second call is harmless
 np.seterr(all="ignore")  # numpy's reference overflows and takes logs of negatives on purpose
-n, rng, out = 1 << 20, np.random.default_rng(0), {}
+target, n, rng, out = json.loads(sys.argv[2]), 1 << 20, np.random.default_rng(0), {}
 specials = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, -87.4, -103.0, -104.0, 1e-40, 1e-45, 3.4e38]
 inputs = {"exp": np.concatenate([rng.uniform(-110, 90, n), specials]),
           "log": np.concatenate([np.exp(rng.uniform(-100, 88, n)), rng.uniform(-1, 0, 64), specials])}
 for name, fn in (("exp", tirx.exp), ("log", tirx.log)):
-    for dtype in ("float32", "float64"):
-        xs = inputs[name].astype(dtype)
+    for dtype, lanes in (("float32", 1), ("float32", 8), ("float64", 1)):
+        xs = inputs[name][: len(inputs[name]) // 8 * 8].astype(dtype)
         x = te.placeholder(xs.shape, dtype, name="x")
-        f = tvm.compile(te.create_prim_func([x, te.compute(xs.shape, lambda i: fn(x[i]), name="y")]),
-                        target={"kind": "llvm", "mcpu": "x86-64"})
+        sch = s_tir.Schedule(te.create_prim_func([x, te.compute(xs.shape, lambda i: fn(x[i]), name="y")]))
+        if lanes > 1:
+            sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])[1])
+        f = tvm.compile(sch.mod, target=target)
         y = tvm.runtime.tensor(np.zeros_like(xs))
         f(tvm.runtime.tensor(xs), y)
         got, want = y.numpy(), getattr(np, name)(xs.astype(np.float64)).astype(dtype)
         normal = np.isfinite(want) & (np.abs(want) >= np.finfo(dtype).tiny)
         exact = ~np.isfinite(want) | (want == 0)  # NaN, inf, 0
         error = np.abs(got.astype(np.float64) - want)
-        out[f"{name} {dtype}"] = {
+        out[f"{name} {dtype}x{lanes}"] = {
             "ulp": float((error[normal] / np.spacing(np.abs(want[normal]))).max()),
             "subnormal_steps": float((error[~normal & ~exact] / np.finfo(dtype).smallest_subnormal).max(initial=0)),
             "special": [repr(v) for v in got[exact]] == [repr(v) for v in want[exact]],
@@ -385,21 +404,23 @@ print(json.dumps(out))
 """
 
 
-def test_exp_and_log_vectorize_within_an_ulp() -> None:
-    """The worker lowers float32 exp and log to polynomials LLVM can vectorize
+@pytest.mark.parametrize("target", [
+    {"kind": "llvm", "mcpu": "x86-64"},
+    pytest.param({"kind": "llvm", "mcpu": "haswell"},
+                 marks=pytest.mark.skipif("avx2" not in _HOST_FLAGS, reason="runs an AVX2 and FMA library")),
+], ids=["portable", "haswell"])
+def test_exp_and_log_lower_to_polynomials_within_an_ulp(target: dict[str, str]) -> None:
+    """The worker lowers float32 exp and log, scalar or vector, to polynomials
     (no libm call left), as exact as libm's on a million inputs (subnormal
-    results aside: within one subnormal step), NaN, inf and 0 kept."""
-    result = subprocess.run([TVM_PYTHON, "-c", _VECTOR_MATH, str(Path(tf_op.__file__).parent)],
+    results: within one subnormal step), NaN, inf and 0 kept, FMA or not."""
+    result = subprocess.run([TVM_PYTHON, "-c", _VECTOR_MATH, str(Path(tf_op.__file__).parent), json.dumps(target)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.splitlines()[-1])
-    for name in ("exp", "log"):
-        assert figures[f"{name} float32"]["libm"] is False, figures
-        assert figures[f"{name} float64"]["libm"] is True, figures
-        for dtype in ("float32", "float64"):
-            assert figures[f"{name} {dtype}"]["ulp"] <= 1.0, figures
-            assert figures[f"{name} {dtype}"]["subnormal_steps"] <= 1.0, figures
-            assert figures[f"{name} {dtype}"]["special"] is True, figures
+    assert set(figures) == {f"{f} {t}" for f in ("exp", "log") for t in ("float32x1", "float32x8", "float64x1")}
+    for case, figure in figures.items():
+        assert figure["libm"] is case.endswith("float64x1"), (case, figure)
+        assert figure["ulp"] <= 1.0 and figure["subnormal_steps"] <= 1.0 and figure["special"] is True, (case, figure)
 
 
 TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
