@@ -41,7 +41,7 @@ SERVED_CALLERS: Final = (1, 2, 8)
 BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")  # compare.py bridge, in report order
 BRIDGE_CACHE: Final = BUILD_DIR / "bridge_cache"  # emptied at each run
 #: TVM beside TF in the bridge (docs/serving.md, Threads): all CPUs, as TF's kernels; idle workers asleep, not spinning.
-TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(os.cpu_count() or 1), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
 #: Each key's goal: (comparison, bound). The tuned bridge keys (issue 15) exist only with --tune.
 GOALS: Final[dict[str, tuple[str, float]]] = {
     "per_op_ratio_vs_tf_add": ("<=", 1.25),

@@ -277,7 +277,7 @@ def channel_innermost(sch: Any, block: Any) -> bool:
         # (before decompose_reduction, which puts the init block under them).
         parallel_outer(sch, [loop for i, loop in enumerate(loops[:reductions[0]]) if i != channel], loops)
         sch.decompose_reduction(block, loops[reductions[0]])
-    except s_tir.ScheduleError:  # a failed primitive changes nothing; a reorder whose decompose failed is correct
+    except s_tir.ScheduleError:  # a failed primitive changes nothing; what succeeded before it is correct
         return False
     return True
 
