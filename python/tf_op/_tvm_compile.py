@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import subprocess
 import sys
 import time
@@ -296,10 +297,7 @@ def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> bool:
     extents = [sch.get(loop).extent for loop in nest]
     if not outer or not all(isinstance(n, tirx.IntImm) for n in extents):
         return False
-    work = 1
-    for n in extents:
-        work *= int(n)
-    if work < PARALLEL_MIN_WORK or all(int(sch.get(loop).extent) == 1 for loop in outer):
+    if math.prod(int(n) for n in extents) < PARALLEL_MIN_WORK or all(int(sch.get(loop).extent) == 1 for loop in outer):
         return False
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
     return True

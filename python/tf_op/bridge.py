@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -381,22 +381,24 @@ def _tvm_version(python: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _host_target(python: str) -> str:
-    """``HOST_TARGET`` resolved by ``python``'s TVM (its JSON): the cache key
-    needs the CPU's name, and only TVM's LLVM knows it."""
+def _host_target(python: str) -> dict[str, Any]:
+    """``HOST_TARGET`` resolved by ``python``'s TVM: the cache key needs the
+    CPU's name, and only TVM's LLVM knows it."""
     result = subprocess.run([python, str(_WORKER), "--host-target"], capture_output=True, text=True)
-    lines = result.stdout.strip().splitlines()
     try:
-        if result.returncode != 0 or not isinstance(json.loads(lines[-1]), dict):
+        if result.returncode != 0:
             raise ValueError(f"exit {result.returncode}")
+        target = json.loads(result.stdout.strip().splitlines()[-1])
+        if not isinstance(target, dict):
+            raise ValueError(f"not a target: {target!r}")
     except (IndexError, ValueError) as err:
         raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU ({err}): "
                            f"{_tail(result.stderr)}") from err
-    return lines[-1]
+    return target
 
 
 def _resolved(target: Target, python: str) -> Target:
-    return cast(Target, json.loads(_host_target(python))) if target == HOST_TARGET else target
+    return dict(_host_target(python)) if target == HOST_TARGET else target  # a copy: the cached one stays
 
 
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
