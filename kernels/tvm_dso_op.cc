@@ -106,8 +106,9 @@ class UninitializedArray {
   T* const data_;
 };
 
+// alignment: a power of two (the attr is checked so), tested with a mask, not a division.
 bool IsAligned(const void* p, int64_t alignment) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(alignment) == 0;
+  return (reinterpret_cast<uintptr_t>(p) & (static_cast<uintptr_t>(alignment) - 1)) == 0;
 }
 
 Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
@@ -132,32 +133,77 @@ Status AlignedTemp(OpKernelContext* ctx, size_t size, int64_t alignment, Tensor*
   return Status();
 }
 
-// The buffers of a kernel's large CPU outputs, kept for its next calls. TF's
-// CPU allocator takes a large buffer fresh from mmap, in 4 KiB pages, and gives
-// it back on free: every call of a function with a 64 MiB output paid the first
-// touch of 16k pages, the kernel's page faults and zeroing, 5 to 6 times the
-// work of an add-one (docs/benchmarks.md, large tensors). A kernel keeps up to
-// max_idle of its output buffers once TF drops them and gives one to its next
-// output of the same size, its pages warm. New ones are 2 MiB aligned and ask
-// for transparent huge pages: a fault per 2 MiB the first time.
+// The buffers of a kernel's CPU outputs, kept for its next calls where TF's
+// allocator would cost a visible share of the call.
+// Large outputs: TF's CPU allocator takes a large buffer fresh from mmap, in 4 KiB
+// pages, and gives it back on free: every call of a function with a 64 MiB output
+// paid the first touch of 16k pages, the kernel's page faults and zeroing, 5 to 6
+// times the work of an add-one (docs/benchmarks.md, large tensors). A kernel keeps
+// up to max_idle of its output buffers once TF drops them and gives one to its next
+// output of the same size, its pages warm. New ones are 2 MiB aligned and ask for
+// transparent huge pages: a fault per 2 MiB the first time.
+// Small outputs: TF's allocation (an aligned malloc, its bookkeeping, the free)
+// cost about 0.3 us a call, as much as the rest of the op on one element. A kernel
+// keeps one small buffer, in a slot taken and filled without a lock.
 class OutputPool {
  public:
-  // Outputs this large or larger come from the pool; smaller ones from TF.
+  // Outputs up to this size, and from kMinBytes on, come from the pool.
+  static constexpr size_t kSmallMaxBytes = size_t{64} << 10;
   static constexpr size_t kMinBytes = size_t{4} << 20;
 
   explicit OutputPool(size_t max_idle) : max_idle_(max_idle) {}
   ~OutputPool() {
     for (const auto& [size, data] : idle_) std::free(data);
+    std::free(spare_.load(std::memory_order_acquire));
   }
   OutputPool(const OutputPool&) = delete;
   OutputPool& operator=(const OutputPool&) = delete;
 
-  bool enabled() const { return max_idle_ > 0; }
+  // Whether an output of size bytes comes from the pool (empty ones need no memory).
+  bool Serves(size_t size) const {
+    return max_idle_ > 0 && size > 0 && (size <= kSmallMaxBytes || size >= kMinBytes);
+  }
 
-  // size bytes (>= kMinBytes), warm when the pool has a buffer of that size;
-  // nullptr when memory ran out. Idle buffers of other sizes are freed then: an
-  // output whose size changed does not keep the old size's memory.
-  char* Take(size_t size) {
+  // size bytes (Serves(size)), warm when the pool has a buffer of that size;
+  // nullptr when memory ran out.
+  char* Take(size_t size) { return size <= kSmallMaxBytes ? TakeSmall(size) : TakeLarge(size); }
+
+  // A buffer of Take's that TF no longer uses.
+  void Give(char* data, size_t size) {
+    if (size <= kSmallMaxBytes) {
+      GiveSmall(data);
+    } else {
+      GiveLarge(data, size);
+    }
+  }
+
+ private:
+  // A small buffer follows a header that holds its size, so that the slot is one pointer.
+  static constexpr size_t kSmallHeader = 64;  // TF's own alignment for the data behind it
+
+  char* TakeSmall(size_t size) {
+    char* block = spare_.exchange(nullptr, std::memory_order_acq_rel);
+    if (block != nullptr) {
+      if (*reinterpret_cast<size_t*>(block) == size) return block + kSmallHeader;
+      std::free(block);  // another size: the output's shape changed
+    }
+    const size_t rounded = (size + kSmallHeader - 1) / kSmallHeader * kSmallHeader;
+    block = static_cast<char*>(std::aligned_alloc(kSmallHeader, kSmallHeader + rounded));
+    if (block == nullptr) return nullptr;
+    *reinterpret_cast<size_t*>(block) = size;
+    return block + kSmallHeader;
+  }
+
+  // Into the slot when it is empty; freed when another buffer is there (a call ran beside).
+  void GiveSmall(char* data) {
+    char* block = data - kSmallHeader;
+    char* empty = nullptr;
+    if (!spare_.compare_exchange_strong(empty, block, std::memory_order_acq_rel)) std::free(block);
+  }
+
+  // Idle large buffers of other sizes are freed: an output whose size changed
+  // does not keep the old size's memory.
+  char* TakeLarge(size_t size) {
     std::vector<std::pair<size_t, char*>> stale;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -181,9 +227,9 @@ class OutputPool {
     return static_cast<char*>(data);
   }
 
-  // A buffer TF no longer uses: kept in place of the one kept longest, which is
-  // freed when max_idle are kept already (of an older size, when shapes change).
-  void Give(char* data, size_t size) {
+  // Kept in place of the one kept longest, which is freed when max_idle are kept
+  // already (of an older size, when shapes change).
+  void GiveLarge(char* data, size_t size) {
     char* evicted = data;
     if (max_idle_ > 0) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -196,7 +242,8 @@ class OutputPool {
 
  private:
   std::mutex mu_;
-  std::vector<std::pair<size_t, char*>> idle_;
+  std::vector<std::pair<size_t, char*>> idle_;  // large buffers
+  std::atomic<char*> spare_{nullptr};           // a small buffer's block
   const size_t max_idle_;
 };
 
@@ -249,25 +296,25 @@ class CpuPlacement {
   DLDevice dl_device() const { return {kDLCPU, 0}; }
 
   // Output o of shape, for the function to write: from the kernel's pool when
-  // it is large (OutputPool), else from TF.
+  // it serves the size (OutputPool), else from TF.
   Status AllocateOutput(OpKernelContext* ctx, int o, const TensorShape& shape,
                         const std::shared_ptr<OutputPool>& pool, Tensor** out) {
     const DataType dtype = ctx->expected_output_dtype(o);
     const auto elements = static_cast<size_t>(shape.num_elements());
     const auto element_size = static_cast<size_t>(tensorflow::DataTypeSize(dtype));
     // TF allocates outputs with allocator attributes (pinned memory for a copy
-    // to a GPU, a scoped allocator), small ones, and ones too large for size_t
-    // (its allocator says so in its own words).
-    if (!pool->enabled() || ctx->output_alloc_attr(o).value != 0 || element_size == 0 ||
-        elements > SIZE_MAX / element_size || elements * element_size < OutputPool::kMinBytes) {
+    // to a GPU, a scoped allocator), mid-sized ones, and ones too large for
+    // size_t (its allocator says so in its own words).
+    if (ctx->output_alloc_attr(o).value != 0 || element_size == 0 || elements > SIZE_MAX / element_size ||
+        !pool->Serves(elements * element_size)) {
       return ctx->allocate_output(o, shape, out);
     }
     const size_t bytes = elements * element_size;
     char* data = pool->Take(bytes);
     if (data == nullptr) return errors::ResourceExhausted("cannot allocate ", bytes, " bytes");
-    auto* buffer = new PooledBuffer(pool, data, bytes);
-    ctx->set_output(o, Tensor(dtype, shape, buffer));
-    buffer->Unref();  // the output holds its own reference
+    // The tensor takes the buffer's one reference.
+    ctx->set_output(o, Tensor(dtype, shape, tensorflow::core::RefCountPtr<tensorflow::TensorBuffer>(
+                                                new PooledBuffer(pool, data, bytes))));
     *out = ctx->mutable_output(o);
     return Status();
   }

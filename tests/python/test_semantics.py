@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -420,23 +421,25 @@ def test_a_large_fresh_output_gets_huge_pages(mod: tf_op.Module) -> None:
     assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == 2.0
 
 
-# --- the output pool: large outputs' buffers kept for the kernel's next calls -------------
+# --- the output pool: small and large outputs' buffers kept for the kernel's next calls -----
 
-LARGE = (4 << 20) // 4  # float32 elements: the pool's smallest output, 4 MiB
+SMALL = 16  # float32 elements: an output whose allocation by TF costs as much as the op
+LARGE = (4 << 20) // 4  # float32 elements: the pool's smallest large output, 4 MiB
+MID = LARGE // 2  # between the two: TF's allocator
 
 
-def _output_allocations(mod: tf_op.Module, runs: int) -> list[tuple[str, int]]:
-    """(allocator, address) of an add-one's large output in each of ``runs``
-    session runs, from TF's own step stats: one kernel, as a server's session."""
+def _output_allocations(mod: tf_op.Module, runs: int, size: int = LARGE) -> list[tuple[str, int]]:
+    """(allocator, address) of an add-one's output of ``size`` elements in each of
+    ``runs`` session runs, from TF's own step stats: one kernel, as a server's session."""
     with tf.Graph().as_default() as g:
-        x = tf.compat.v1.placeholder(tf.float32, [LARGE])
+        x = tf.compat.v1.placeholder(tf.float32, [size])
         y = mod.func("add_one")(x)
         with tf.compat.v1.Session(graph=g) as sess:
             options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
             seen = []
             for k in range(runs):
                 metadata = tf.compat.v1.RunMetadata()
-                out = sess.run(y, {x: np.full(LARGE, k, np.float32)}, options=options, run_metadata=metadata)
+                out = sess.run(y, {x: np.full(size, k, np.float32)}, options=options, run_metadata=metadata)
                 assert (out == k + 1).all()
                 seen += [(o.tensor_description.allocation_description.allocator_name,
                           o.tensor_description.allocation_description.ptr)
@@ -445,17 +448,24 @@ def _output_allocations(mod: tf_op.Module, runs: int) -> list[tuple[str, int]]:
     return seen
 
 
-def test_a_large_output_reuses_the_buffer_of_a_dropped_one(mod: tf_op.Module) -> None:
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+def test_an_output_reuses_the_buffer_of_a_dropped_one(mod: tf_op.Module, size: int) -> None:
     # A run's result lives on (the fetched array shares its buffer) until the
     # next run returns: two buffers take turns.
-    seen = _output_allocations(mod, 4)
+    seen = _output_allocations(mod, 4, size)
     assert [allocator for allocator, _ in seen] == ["tvmdsoop_output_pool"] * 4, seen
     assert seen[2] == seen[0] and seen[3] == seen[1] != seen[0], f"not two buffers taking turns: {seen}"
 
 
-def test_output_pool_off_leaves_outputs_to_tf(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mid_sized_output_is_left_to_tf(mod: tf_op.Module) -> None:
+    seen = _output_allocations(mod, 2, MID)
+    assert len(seen) == 2 and all(allocator not in ("", "tvmdsoop_output_pool") for allocator, _ in seen), seen
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+def test_output_pool_off_leaves_outputs_to_tf(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     monkeypatch.setenv("TVMDSOOP_OUTPUT_POOL", "0")  # read when a kernel is made
-    seen = _output_allocations(mod, 2)
+    seen = _output_allocations(mod, 2, size)
     assert len(seen) == 2 and all(allocator not in ("", "tvmdsoop_output_pool") for allocator, _ in seen), seen
 
 
@@ -465,13 +475,46 @@ def test_output_pool_setting_is_checked(mod: tf_op.Module, monkeypatch: pytest.M
         _output_allocations(mod, 1)
 
 
-def test_pooled_outputs_still_held_are_never_handed_out_again(mod: tf_op.Module) -> None:
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+def test_pooled_outputs_still_held_are_never_handed_out_again(mod: tf_op.Module, size: int) -> None:
     add_one = mod.func("add_one")
-    held = [add_one(tf.fill([LARGE], float(k))) for k in range(6)]  # more than the pool keeps
+    held = [add_one(tf.fill([size], float(k))) for k in range(6)]  # more than the pool keeps
     del held[1::2]  # some back to the pool, the others still in use
-    held += [add_one(tf.fill([LARGE], float(k))) for k in range(10, 13)]
+    held += [add_one(tf.fill([size], float(k))) for k in range(10, 13)]
     for y, k in zip(held, [0, 2, 4, 10, 11, 12]):
         assert float(tf.reduce_min(y)) == float(tf.reduce_max(y)) == k + 1
+
+
+def test_a_small_output_of_a_new_size_gets_a_buffer_of_that_size(mod: tf_op.Module) -> None:
+    """The kept buffer is of the size last asked for: a larger output must not be
+    written into it (nor a smaller one read past its end)."""
+    add_one = mod.func("add_one")
+    for n in (SMALL, 4 * SMALL, SMALL, 1, (64 << 10) // 4):
+        y = add_one(tf.fill([n], float(n)))
+        np.testing.assert_array_equal(y.numpy(), np.full(n, n + 1, np.float32))
+
+
+def test_small_outputs_of_concurrent_calls_stay_apart(mod: tf_op.Module) -> None:
+    """Calls of one kernel from many threads each get a buffer of their own: the
+    slot a kernel keeps is taken by one of them at a time."""
+    add_one = tf.function(mod.func("add_one"), input_signature=[tf.TensorSpec([SMALL], tf.float32)])
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            for k in range(300):
+                value = float(seed * 1000 + k)
+                y = add_one(tf.fill([SMALL], value))
+                assert (y.numpy() == value + 1).all(), (seed, k, y.numpy())
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
 
 
 def test_inplace_survives_a_saved_model(ffi: tf_op.Module, tmp_path: Path) -> None:
