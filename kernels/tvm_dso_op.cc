@@ -106,6 +106,16 @@ class UninitializedArray {
   T* const data_;
 };
 
+// The -1 dimensions of output_shapes, one output_dims value each: the shape
+// function and the kernel count them alike.
+int64_t NumDynamicDims(absl::Span<const PartialTensorShape> shapes) {
+  int64_t n = 0;
+  for (const PartialTensorShape& s : shapes) {
+    for (int d = 0; d < s.dims(); ++d) n += s.dim_size(d) < 0 ? 1 : 0;
+  }
+  return n;
+}
+
 // alignment: a power of two (the attr is checked so), tested with a mask, not a division.
 bool IsAligned(const void* p, int64_t alignment) {
   return (reinterpret_cast<uintptr_t>(p) & (static_cast<uintptr_t>(alignment) - 1)) == 0;
@@ -790,7 +800,7 @@ class CallKernel : public OpKernel {
   int64_t alignment_ = 64;
   // For each output, the input whose buffer it may be written over, or -1;
   // empty when none may (see the inplace attr).
-  std::vector<int> inplace_;
+  absl::InlinedVector<int, 4> inplace_;
 
  private:
   // Makes what a function returned output i: checked against the declared dtype
@@ -871,12 +881,15 @@ class CallKernel : public OpKernel {
     return ToDLDataType(dtype, &dl) ? dl : DLDataType{0, 0, 0};
   }
 
+  // What each call reads comes first and lives inline in the kernel, on few
+  // cache lines: a graph runs many kernels, and each line a call touches costs
+  // a miss per kernel (a third of the op's own time on one-element chains).
+  std::atomic<const Resolved*> latest_{nullptr};
+  absl::InlinedVector<DLDataType, 8> input_dl_types_, output_dl_types_;
+  std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
   std::string func_name_;
-  std::vector<DLDataType> input_dl_types_, output_dl_types_;
   std::mutex mu_;  // guards resolving and resolved_
   std::vector<std::unique_ptr<Resolved>> resolved_;
-  std::atomic<const Resolved*> latest_{nullptr};
-  std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
 };
 
 // TVMDSOOp: inputs `args`; `output_dims`, the values of the output dimensions
@@ -902,8 +915,8 @@ class TVMDSOOpKernel : public CallKernel {
                 errors::InvalidArgument(type_string(), ": function '", func_name(), "': ",
                                         output_shapes_.size(),
                                         " output shapes for ", num_outputs(), " output dtypes"));
+    num_dynamic_dims_ = NumDynamicDims(output_shapes_);
     for (const PartialTensorShape& s : output_shapes_) {
-      for (int d = 0; d < s.dims(); ++d) num_dynamic_dims_ += s.dim_size(d) < 0 ? 1 : 0;
       // A fully known shape is made once here, not on every call.
       TensorShape known;
       static_shapes_.push_back(s.AsTensorShape(&known) ? std::optional<TensorShape>(known) : std::nullopt);
@@ -997,8 +1010,10 @@ class TVMDSOOpKernel : public CallKernel {
   // Reads the inplace attr: empty, or one entry per output, each -1 or an
   // input of the output's dtype.
   Status ReadInplace(OpKernelConstruction* ctx) {
-    TF_RETURN_IF_ERROR(ctx->GetAttr("inplace", &inplace_));
-    if (inplace_.empty()) return Status();
+    std::vector<int32_t> inplace;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("inplace", &inplace));
+    if (inplace.empty()) return Status();
+    inplace_.assign(inplace.begin(), inplace.end());
     const std::string where = absl::StrCat(type_string(), ": function '", func_name(), "': inplace");
     if (returns_) {
       return errors::InvalidArgument(where, ": the function returns its outputs (returns=True), so "
@@ -1025,13 +1040,14 @@ class TVMDSOOpKernel : public CallKernel {
     return Status();
   }
 
-  bool returns_ = false;  // a plain function that returns its outputs
-  std::string lib_sha256_;
-  std::vector<PartialTensorShape> output_shapes_;
-  std::vector<std::optional<TensorShape>> static_shapes_;  // per output, when fully known
-  int64_t num_dynamic_dims_ = 0;
+  // Read by every call first (see CallKernel's members).
   int num_in_ = 0;            // the function's inputs (Tin)
   int num_dims_parts_ = 1;    // output_dims' tensors
+  bool returns_ = false;      // a plain function that returns its outputs
+  int64_t num_dynamic_dims_ = 0;
+  absl::InlinedVector<std::optional<TensorShape>, 2> static_shapes_;  // per output, when fully known
+  std::vector<PartialTensorShape> output_shapes_;
+  std::string lib_sha256_;
 };
 
 // TvmDsoOp, the op of TVM 0.7-0.19's tvm.contrib.tf_op, kept so that graphs it
@@ -1112,10 +1128,7 @@ Status TVMDSOOpShape(InferenceContext* c) {
   // The sizes output_dims gives, one per -1 in output_shapes, where the graph
   // knows them: from its constant parts. A part whose values are unknown but whose
   // length is known is skipped; after one of unknown length nothing is known.
-  size_t num_dynamic = 0;
-  for (const PartialTensorShape& s : shapes) {
-    for (int d = 0; d < s.dims(); ++d) num_dynamic += s.dim_size(d) < 0 ? 1 : 0;
-  }
+  const auto num_dynamic = static_cast<size_t>(NumDynamicDims(shapes));
   std::vector<std::optional<int64_t>> dim_values;
   for (int k = 0; k < num_dims_parts && !returns && dim_values.size() < num_dynamic; ++k) {
     if (const Tensor* part = c->input_tensor(num_in + k); part != nullptr) {
