@@ -288,37 +288,37 @@ def channel_innermost(sch: Any, block: Any) -> bool:
 PARALLEL_MIN_WORK = 1 << 18
 
 
-def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> bool:
+def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> None:
     """Fuses the loops ``outer`` (adjacent, outermost of the loop nest ``nest``,
     each a data-parallel dimension) into one that runs on TVM's threads
-    (``TVM_NUM_THREADS``), when ``nest`` does enough work for it to pay."""
+    (``TVM_NUM_THREADS``), when ``nest`` does enough work for it to pay. The
+    schedule shows what it did (the caller counts parallel loops there)."""
     from tvm import tirx
 
     extents = [sch.get(loop).extent for loop in nest]
     if not outer or not all(isinstance(n, tirx.IntImm) for n in extents):
-        return False
+        return
     if math.prod(int(n) for n in extents) < PARALLEL_MIN_WORK or all(int(sch.get(loop).extent) == 1 for loop in outer):
-        return False
+        return
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-    return True
 
 
-def parallel_elementwise(sch: Any, block: Any) -> bool:
+def parallel_elementwise(sch: Any, block: Any) -> None:
     """All but the innermost loop of an elementwise ``block`` (no reduction, one
     loop per block variable) on TVM's threads, the innermost left to LLVM's
-    vectorizer; False where it left the block as it was."""
+    vectorizer; any other block is left as it was."""
     from tvm import s_tir, tirx
 
     stmt = sch.get(block)
     if any(int(v.iter_type) != tirx.IterVar.DataPar for v in stmt.iter_vars) or len(stmt.iter_vars) < 2:
-        return False
+        return
     loops = sch.get_loops(block)
     if len(loops) != len(stmt.iter_vars):
-        return False
+        return
     try:
-        return parallel_outer(sch, loops[:-1], loops)
+        parallel_outer(sch, loops[:-1], loops)
     except s_tir.ScheduleError:  # e.g. a loop whose variable also indexes a reduction elsewhere
-        return False
+        pass
 
 
 #: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).
