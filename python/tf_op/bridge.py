@@ -381,24 +381,62 @@ def _tvm_version(python: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _host_target(python: str) -> dict[str, Any]:
+def _host_target(python: str, tvm_version: str, cache_dir: Path) -> dict[str, Any]:
     """``HOST_TARGET`` resolved by ``python``'s TVM: the cache key needs the
-    CPU's name, and only TVM's LLVM knows it."""
+    CPU's name, and only TVM's LLVM knows it. Starting TVM for it takes seconds,
+    so the answer is kept in ``cache_dir`` under what it depends on (the TVM, the
+    CPU's model and the flags /proc/cpuinfo lists) for the next process."""
+    cpu = _cpu_identity()
+    identity = json.dumps({"format": FORMAT_VERSION, "python": python, "tvm": tvm_version, "cpu": cpu}, sort_keys=True)
+    kept = cache_dir / f"host-target-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+    if cpu:  # without /proc/cpuinfo nothing says the CPU is the same one
+        try:
+            target = json.loads(kept.read_text())
+            if _is_host_target(target):
+                return target
+            logger.warning("%s is not a CPU target: resolving %r again", kept, HOST_TARGET)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as err:
+            logger.warning("%s is unreadable (%s): resolving %r again", kept, err, HOST_TARGET)
     result = subprocess.run([python, str(_WORKER), "--host-target"], capture_output=True, text=True)
     try:
         if result.returncode != 0:
             raise ValueError(f"exit {result.returncode}")
         target = json.loads(result.stdout.strip().splitlines()[-1])
-        if not isinstance(target, dict):
-            raise ValueError(f"not a target: {target!r}")
+        if not _is_host_target(target):
+            raise ValueError(f"not a CPU target: {target!r}")
     except (IndexError, ValueError) as err:
         raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU ({err}): "
                            f"{_tail(result.stderr)}") from err
+    if cpu:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(kept, json.dumps(target).encode())
     return target
 
 
-def _resolved(target: Target, python: str) -> Target:
-    return dict(_host_target(python)) if target == HOST_TARGET else target  # a copy: the cached one stays
+def _cpu_identity() -> str:
+    """The first CPU's model name and flags in /proc/cpuinfo; empty where there is none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    wanted = ("model name", "flags")
+    return "\n".join(next((line for line in lines if line.startswith(w)), "") for w in wanted).strip()
+
+
+def _is_host_target(target: Any) -> bool:
+    """What the worker's --host-target prints: an llvm target of a CPU name and
+    the extensions it turns off."""
+    return (isinstance(target, dict) and target.get("kind") == "llvm" and isinstance(target.get("mcpu"), str)
+            and set(target) <= {"kind", "mcpu", "mattr"}
+            and all(isinstance(f, str) for f in target.get("mattr", [])))
+
+
+def _resolved(target: Target, python: str, tvm_version: str, cache_dir: Path) -> Target:
+    if target != HOST_TARGET:
+        return target
+    return dict(_host_target(python, tvm_version, cache_dir))  # a copy: the cached one stays
 
 
 def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
@@ -420,7 +458,7 @@ def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir:
     compiled now."""
     python = _tvm_python()
     version = _tvm_version(python)  # first: its error names the fix for a Python without TVM
-    target = _resolved(target, python)
+    target = _resolved(target, python, version, cache_dir)
     key = _cache_key(tflite_bytes, target, trials, version)
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
     cache_dir.mkdir(parents=True, exist_ok=True)

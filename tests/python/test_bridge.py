@@ -269,6 +269,29 @@ def test_native_target_uses_only_the_extensions_the_cpu_lists() -> None:
     assert "-avx2" in hidden.get("mattr", []) and "avx2" not in hidden_flags, figures
 
 
+def test_native_target_is_kept_for_the_next_process(tmp_path: Path) -> None:
+    """Naming the CPU starts TVM (seconds): the answer is kept in the cache folder
+    for later processes, and a kept file that is not a CPU target is replaced."""
+    from tf_op.bridge import _host_target, _resolved, _tvm_python, _tvm_version
+
+    python = _tvm_python()
+    version = _tvm_version(python)
+
+    def resolve() -> object:
+        _host_target.cache_clear()  # as a new process
+        return _resolved("native", python, version, tmp_path)
+
+    this = resolve()
+    (kept,) = tmp_path.glob("host-target-*.json")
+    assert json.loads(kept.read_text()) == this
+    kept.write_text(json.dumps({"kind": "llvm", "mcpu": "x86-64"}))  # what TVM would never say here
+    assert resolve() == {"kind": "llvm", "mcpu": "x86-64"}, "the kept answer was not read"
+    for bad in ("{", json.dumps({"kind": "llvm", "mcpu": "x86-64", "keys": ["cpu"]}), json.dumps(["llvm"])):
+        kept.write_text(bad)
+        assert resolve() == this, bad
+        assert json.loads(kept.read_text()) == this, bad
+
+
 def test_native_target_without_tvm_is_a_compile_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that cannot name the CPU (here: it cannot import TVM, though its
     Python has apache-tvm's metadata) fails the compile with its reason."""
