@@ -882,8 +882,8 @@ class CallKernel : public OpKernel {
   }
 
   // What each call reads comes first and lives inline in the kernel, on few
-  // cache lines: a graph runs many kernels, and each line a call touches costs
-  // a miss per kernel (a third of the op's own time on one-element chains).
+  // cache lines: a graph runs many kernels, and each line a call touches is
+  // likely a cache miss for each of them.
   std::atomic<const Resolved*> latest_{nullptr};
   absl::InlinedVector<DLDataType, 8> input_dl_types_, output_dl_types_;
   std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
