@@ -188,27 +188,26 @@ class OutputPool {
   }
 
  private:
-  // A small buffer follows a header that holds its size, so that the slot is one pointer.
+  // A small buffer follows a header that holds its capacity, so that the slot is one pointer.
   static constexpr size_t kSmallHeader = 64;  // TF's own alignment for the data behind it
 
   char* TakeSmall(size_t size) {
     char* block = spare_.exchange(nullptr, std::memory_order_acq_rel);
     if (block != nullptr) {
-      if (*reinterpret_cast<size_t*>(block) == size) return block + kSmallHeader;
-      std::free(block);  // another size: the output's shape changed
+      if (size <= *reinterpret_cast<size_t*>(block)) return block + kSmallHeader;
+      std::free(block);  // too small: the output's shape grew
     }
-    const size_t rounded = (size + kSmallHeader - 1) / kSmallHeader * kSmallHeader;
-    block = static_cast<char*>(std::aligned_alloc(kSmallHeader, kSmallHeader + rounded));
+    const size_t capacity = (size + kSmallHeader - 1) / kSmallHeader * kSmallHeader;
+    block = static_cast<char*>(std::aligned_alloc(kSmallHeader, kSmallHeader + capacity));
     if (block == nullptr) return nullptr;
-    *reinterpret_cast<size_t*>(block) = size;
+    *reinterpret_cast<size_t*>(block) = capacity;
     return block + kSmallHeader;
   }
 
-  // Into the slot when it is empty; freed when another buffer is there (a call ran beside).
+  // Into the slot, in place of a buffer there (a call ran beside): the one given
+  // back last is the likelier to be in cache still.
   void GiveSmall(char* data) {
-    char* block = data - kSmallHeader;
-    char* empty = nullptr;
-    if (!spare_.compare_exchange_strong(empty, block, std::memory_order_acq_rel)) std::free(block);
+    std::free(spare_.exchange(data - kSmallHeader, std::memory_order_acq_rel));
   }
 
   // Idle large buffers of other sizes are freed: an output whose size changed
@@ -280,7 +279,8 @@ class PooledBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-// How many idle output buffers a kernel keeps: $TVMDSOOP_OUTPUT_POOL, default 2.
+// How many idle large output buffers a kernel keeps (and whether it keeps a
+// small one, unless 0): $TVMDSOOP_OUTPUT_POOL, default 2.
 // One serves calls one at a time (the caller holds the last output while the
 // next call runs, then drops it); two serve two calls at once, or two outputs of
 // a size; 0 turns the pool off.
@@ -881,9 +881,9 @@ class CallKernel : public OpKernel {
     return ToDLDataType(dtype, &dl) ? dl : DLDataType{0, 0, 0};
   }
 
-  // What each call reads comes first and lives inline in the kernel, on few
-  // cache lines: a graph runs many kernels, and each line a call touches is
-  // likely a cache miss for each of them.
+  // What each call reads lives inline in the kernel, declared before the cold
+  // members, so on fewer cache lines: a graph runs many kernels, and each line a
+  // call touches is likely a cache miss for each of them.
   std::atomic<const Resolved*> latest_{nullptr};
   absl::InlinedVector<DLDataType, 8> input_dl_types_, output_dl_types_;
   std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
