@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -397,7 +398,7 @@ def _host_target(python: str, tvm_version: str, cache_dir: Path) -> dict[str, An
             logger.warning("%s is not a CPU target: resolving %r again", kept, HOST_TARGET)
         except FileNotFoundError:
             pass
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:
             logger.warning("%s is unreadable (%s): resolving %r again", kept, err, HOST_TARGET)
     result = subprocess.run([python, str(_WORKER), "--host-target"], capture_output=True, text=True)
     try:
@@ -426,11 +427,17 @@ def _cpu_identity() -> str:
 
 
 def _is_host_target(target: Any) -> bool:
-    """What the worker's --host-target prints: an llvm target of a CPU name and
-    the extensions it turns off."""
-    return (isinstance(target, dict) and target.get("kind") == "llvm" and isinstance(target.get("mcpu"), str)
-            and set(target) <= {"kind", "mcpu", "mattr"}
-            and all(isinstance(f, str) for f in target.get("mattr", [])))
+    """What the worker's --host-target prints: an llvm target of a CPU name and a
+    list of the extensions it turns off (``-avx2``), nothing else."""
+    if not isinstance(target, dict) or set(target) - {"kind", "mcpu", "mattr"} or target.get("kind") != "llvm":
+        return False
+    mcpu, mattr = target.get("mcpu"), target.get("mattr", [])
+    return (isinstance(mcpu, str) and _LLVM_NAME.fullmatch(mcpu) is not None and isinstance(mattr, list)
+            and all(isinstance(f, str) and f.startswith("-") and _LLVM_NAME.fullmatch(f[1:]) for f in mattr))
+
+
+#: An LLVM CPU or feature name (znver3, avx512vl, sse4.2, x86-64).
+_LLVM_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
 def _resolved(target: Target, python: str, tvm_version: str, cache_dir: Path) -> Target:
