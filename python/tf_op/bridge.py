@@ -51,8 +51,9 @@ DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
 #: measures on this machine anyway.
 HOST_TARGET = "native"
 
-#: Part of every cache key: raise it when what a cache entry holds, or how it is
-#: made, changes, so that old entries are not reused.
+#: Part of every cache key: raise it when what a cache entry holds, or how this
+#: module makes it, changes, so that old entries are not reused (the worker's own
+#: source is part of the key already: ``_worker_digest``).
 FORMAT_VERSION = 5
 
 #: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
@@ -454,8 +455,19 @@ def _cache_key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: st
     if trials:
         threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
     header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
-                         "tvm_threads": threads}, sort_keys=True)
+                         "tvm_threads": threads, "worker": _worker_digest()}, sort_keys=True)
     return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_digest() -> str:
+    """The SHA-256 of the TVM worker's source (``_tvm_compile.py`` and the modules
+    beside it that it runs, ``_tvm_*.py``): a library another worker compiled, with
+    other schedule steps or math, is another cache entry."""
+    digest = hashlib.sha256()
+    for path in sorted(_WORKER.parent.glob("_tvm_*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir: Path,

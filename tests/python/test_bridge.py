@@ -491,6 +491,29 @@ def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.Monke
     assert len({untuned for _, untuned in keys.values()}) == 1, keys
 
 
+def test_cache_keys_hold_the_workers_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library compiled by another version of the TVM worker (its schedule steps,
+    its math) is another entry: the key hashes the worker's source files."""
+    from tf_op import bridge
+
+    worker = Path(bridge._WORKER)
+    for source in worker.parent.glob("_tvm_*.py"):
+        shutil.copy(source, tmp_path / source.name)
+    monkeypatch.setattr(bridge, "_WORKER", tmp_path / worker.name)
+
+    def key() -> str:
+        bridge._worker_digest.cache_clear()
+        return bridge._cache_key(b"model", "native", 0, "0.27")
+
+    same = key()
+    assert key() == same
+    with open(tmp_path / "_tvm_math.py", "a") as math:
+        math.write("\n# another schedule of exp\n")
+    assert key() != same
+    monkeypatch.undo()
+    bridge._worker_digest.cache_clear()
+
+
 @pytest.mark.parametrize("tune", [-1, 2.5, "yes"])
 def test_tune_takes_a_bool_or_a_trial_count(tune, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tune is True, False or a number of trials"):
