@@ -386,8 +386,8 @@ def _tvm_version(python: str) -> str:
 def _host_target(python: str, tvm_version: str, cache_dir: Path) -> dict[str, Any]:
     """``HOST_TARGET`` resolved by ``python``'s TVM: the cache key needs the
     CPU's name, and only TVM's LLVM knows it. Starting TVM for it takes seconds,
-    so the answer is kept in ``cache_dir`` under what it depends on (the TVM, the
-    CPU's model and the flags /proc/cpuinfo lists) for the next process."""
+    so the answer is kept in ``cache_dir`` (which exists) under what it depends on
+    (the TVM, the CPU's model and the flags /proc/cpuinfo lists) for the next process."""
     cpu = _cpu_identity()
     identity = json.dumps({"format": FORMAT_VERSION, "python": python, "tvm": tvm_version, "cpu": cpu}, sort_keys=True)
     kept = cache_dir / f"host-target-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
@@ -412,7 +412,6 @@ def _host_target(python: str, tvm_version: str, cache_dir: Path) -> dict[str, An
         raise CompileError(f"tf_op.compile: {python} could not name this machine's CPU ({err}): "
                            f"{_tail(result.stderr)}") from err
     if cpu:
-        cache_dir.mkdir(parents=True, exist_ok=True)
         _write_atomically(kept, json.dumps(target).encode())
     return target
 
@@ -477,10 +476,10 @@ def _cached_library(tflite_bytes: bytes, target: Target, trials: int, cache_dir:
     compiled now."""
     python = _tvm_python()
     version = _tvm_version(python)  # first: its error names the fix for a Python without TVM
+    cache_dir.mkdir(parents=True, exist_ok=True)  # the resolved host target is kept there too
     target = _resolved(target, python, version, cache_dir)
     key = _cache_key(tflite_bytes, target, trials, version)
     lib_path, digest_path = cache_dir / f"{key}.so", cache_dir / f"{key}.so.sha256"
-    cache_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(cache_dir / f"{key}.lock"):
         if lib_path.is_file() and digest_path.is_file():
             recorded = digest_path.read_text().strip()
