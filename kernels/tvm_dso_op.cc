@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -437,11 +438,12 @@ class GpuPlacement {
 };
 
 // A function resolved from one library: a plain function, or a function of a
-// whole model with the pool of VM instances that runs it.
-struct Resolved {
+// whole model with the pool of VM instances that runs it. A call reads the path
+// and the target, which share a cache line.
+struct alignas(64) Resolved {
   std::string lib_path;
-  std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
   TvmdsoopTarget target;
+  std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
 
   bool is_model() const { return target.pool != nullptr; }
 };
@@ -531,10 +533,6 @@ class CallKernel : public OpKernel {
       OP_REQUIRES_OK(ctx, OutputPoolSize(&pool_size));
     }
     output_pool_ = std::make_shared<OutputPool>(pool_size);
-    // Looked up once: a kernel's dtypes are fixed. Lanes 0 marks a dtype DLPack
-    // cannot describe, an error only if that input or output reaches TVM.
-    for (DataType t : input_types()) input_dl_types_.push_back(DLTypeOf(t));
-    for (DataType t : output_types()) output_dl_types_.push_back(DLTypeOf(t));
   }
 
   // The VM pools of models are shared with other kernels and live on.
@@ -546,6 +544,27 @@ class CallKernel : public OpKernel {
   CallKernel& operator=(const CallKernel&) = delete;
 
  protected:
+  // What a call needs of each of the function's arguments, fixed when the
+  // kernel is made.
+  struct ArgSpec {
+    DLDataType dtype;  // lanes 0: one DLPack cannot describe, an error only if it reaches TVM
+    int16_t reuse;     // an output: the input whose buffer it may be written over, or -1
+  };
+
+  // The function's arguments: the op's first num_in inputs, then its outputs
+  // (none written over an input yet).
+  void SetArguments(int num_in) {
+    num_in_ = num_in;
+    for (int i = 0; i < num_in; ++i) args_.push_back({DLTypeOf(input_type(i)), -1});
+    for (DataType t : output_types()) args_.push_back({DLTypeOf(t), -1});
+  }
+
+  // Output o may be written over input i (checked by the caller).
+  void SetReuse(int o, int i) {
+    args_[num_in_ + o].reuse = static_cast<int16_t>(i);
+    has_inplace_ = true;
+  }
+
   // The function in lib_path, run on device. The first call for a path loads the
   // library and resolves the function through Go (checking the library's SHA-256
   // when `sha256` is not empty; for a model, starting its VMs on the device);
@@ -553,10 +572,24 @@ class CallKernel : public OpKernel {
   Status FunctionFor(absl::string_view lib_path, const std::string& sha256, DLDevice device,
                      bool allow_models, const Resolved** out) {
     const Resolved* latest = latest_.load(std::memory_order_acquire);
-    if (latest != nullptr && latest->lib_path == lib_path) {
+    if (ABSL_PREDICT_TRUE(latest != nullptr && latest->lib_path == lib_path)) {
       *out = latest;
       return Status();
     }
+    return Resolve(lib_path, sha256, device, allow_models, out);
+  }
+
+  const std::string& func_name() const { return func_name_; }
+
+  // Names the call in messages: the function and the library it comes from.
+  std::string Where(absl::string_view lib_path) const {
+    return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
+  }
+
+ private:
+  // FunctionFor's first call for lib_path, kept out of the call's path.
+  ABSL_ATTRIBUTE_NOINLINE Status Resolve(absl::string_view lib_path, const std::string& sha256,
+                                         DLDevice device, bool allow_models, const Resolved** out) {
     // Paths resolved before hold no NUL byte: only a new one needs the check.
     if (std::memchr(lib_path.data(), 0, lib_path.size()) != nullptr) {
       return errors::InvalidArgument(type_string(), ": function '", func_name_,
@@ -591,13 +624,7 @@ class CallKernel : public OpKernel {
     return Status();
   }
 
-  const std::string& func_name() const { return func_name_; }
-
-  // Names the call in messages: the function and the library it comes from.
-  std::string Where(absl::string_view lib_path) const {
-    return absl::StrCat(type_string(), ": function '", func_name_, "' of ", lib_path);
-  }
-
+ protected:
   // Calls the function with inputs [0, num_in) and outputs of out_shapes (nullptr:
   // input 0's shape), with the buffers on the Placement's device (TVM's
   // destination-passing convention).
@@ -636,7 +663,7 @@ class CallKernel : public OpKernel {
         // An output declared in place takes its input's buffer when TF allows it
         // (no other user of the input, same dtype and size and memory type).
         const int o = i - num_in;
-        const int reuse = o < static_cast<int>(inplace_.size()) ? inplace_[o] : -1;
+        const int reuse = args_[i].reuse;
         if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, out_shape(o), &out)) {
           const Status allocated = placement.AllocateOutput(ctx, o, out_shape(o), output_pool_, &out);
           OP_REQUIRES(ctx, allocated.ok(),
@@ -647,7 +674,7 @@ class CallKernel : public OpKernel {
       }
       const Tensor& t = is_input ? *inputs[i] : *out;
       DLTensor& dl = tensors[i];
-      dl.dtype = is_input ? input_dl_types_[i] : output_dl_types_[i - num_in];
+      dl.dtype = args_[i].dtype;
       OP_REQUIRES(ctx, dl.dtype.lanes != 0,
                   errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
                                           tensorflow::DataTypeString(t.dtype()),
@@ -671,7 +698,11 @@ class CallKernel : public OpKernel {
       dl.device = device;
       dl.ndim = t.dims();
       dl.shape = next_dims;
-      for (int d = 0; d < dl.ndim; ++d) *next_dims++ = t.dim_size(d);
+      if (dl.ndim == 1) {
+        *next_dims++ = t.NumElements();  // inline, where dim_size is a call into TF
+      } else {
+        for (int d = 0; d < dl.ndim; ++d) *next_dims++ = t.dim_size(d);
+      }
       dl.strides = nullptr;  // TF tensors are compact row-major
       dl.byte_offset = 0;
       args[i].type_index = kTVMFFIDLTensorPtr;
@@ -797,11 +828,6 @@ class CallKernel : public OpKernel {
     }
   }
 
-  int64_t alignment_ = 64;
-  // For each output, the input whose buffer it may be written over, or -1;
-  // empty when none may (see the inplace attr).
-  absl::InlinedVector<int, 4> inplace_;
-
  private:
   // Makes what a function returned output i: checked against the declared dtype
   // and shape, then taken as it is, or copied where TF cannot take it (below
@@ -881,15 +907,25 @@ class CallKernel : public OpKernel {
     return ToDLDataType(dtype, &dl) ? dl : DLDataType{0, 0, 0};
   }
 
-  // What each call reads lives inline in the kernel, declared before the cold
-  // members, so on fewer cache lines: a graph runs many kernels, and each line a
-  // call touches is likely a cache miss for each of them.
-  std::atomic<const Resolved*> latest_{nullptr};
-  absl::InlinedVector<DLDataType, 8> input_dl_types_, output_dl_types_;
-  std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
+  // Read when resolving, for messages, and by allocating calls. Declared before
+  // what every call reads, so that the call's members (below, then the
+  // subclass's) are contiguous.
   std::string func_name_;
   std::mutex mu_;  // guards resolving and resolved_
   std::vector<std::unique_ptr<Resolved>> resolved_;
+  std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
+
+  // What each call reads lives inline in the kernel, from a cache line's start,
+  // on as few lines as it takes (two, with TVMDSOOp's, for up to four arguments
+  // and two outputs): a graph runs many kernels, and each line a call touches
+  // is likely a cache miss for each of them.
+  alignas(64) std::atomic<const Resolved*> latest_{nullptr};
+  absl::InlinedVector<ArgSpec, 4> args_;  // the function's inputs, then its outputs
+
+ protected:
+  int64_t alignment_ = 64;
+  int num_in_ = 0;            // the function's inputs: the op's first num_in_
+  bool has_inplace_ = false;  // some output may be written over an input
 };
 
 // TVMDSOOp: inputs `args`; `output_dims`, the values of the output dimensions
@@ -915,17 +951,22 @@ class TVMDSOOpKernel : public CallKernel {
                 errors::InvalidArgument(type_string(), ": function '", func_name(), "': ",
                                         output_shapes_.size(),
                                         " output shapes for ", num_outputs(), " output dtypes"));
-    num_dynamic_dims_ = NumDynamicDims(output_shapes_);
+    num_dynamic_dims_ = static_cast<int>(NumDynamicDims(output_shapes_));
     for (const PartialTensorShape& s : output_shapes_) {
       // A fully known shape is made once here, not on every call.
-      TensorShape known;
-      static_shapes_.push_back(s.AsTensorShape(&known) ? std::optional<TensorShape>(known) : std::nullopt);
+      OutputShape planned;
+      if (s.AsTensorShape(&planned.known)) {
+        planned.kind = OutputShape::kKnown;
+      } else {
+        planned.kind = s.unknown_rank() ? OutputShape::kFirstInput : OutputShape::kCompleted;
+      }
+      output_plan_.push_back(planned);
     }
     // The inputs: the function's (Tin), then output_dims_parts tensors of output
     // sizes (one in graphs written before the attr was added), then library.
     DataTypeVector arg_types;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &arg_types));
-    num_in_ = static_cast<int>(arg_types.size());
+    SetArguments(static_cast<int>(arg_types.size()));
     num_dims_parts_ = num_inputs() - num_in_ - 1;
     OP_REQUIRES_OK(ctx, ReadInplace(ctx));
   }
@@ -940,7 +981,9 @@ class TVMDSOOpKernel : public CallKernel {
                                         "': library must be a scalar string (or a vector whose "
                                         "first element is the library), got shape ",
                                         library.shape().DebugString()));
-    const tensorflow::tstring& lib_path = library.flat<tensorflow::tstring>()(0);
+    // The op's def makes library a string tensor: its first element, without
+    // flat<>()'s dtype check (a call into TF on every run).
+    const tensorflow::tstring& lib_path = *static_cast<const tensorflow::tstring*>(library.data());
     Placement placement;
     OP_REQUIRES_OK(ctx, placement.Init(ctx));
     const Resolved* fn = nullptr;
@@ -959,7 +1002,7 @@ class TVMDSOOpKernel : public CallKernel {
       dim_values.insert(dim_values.end(), values.data(), values.data() + values.size());
     }
     if (fn->is_model() || returns_) {
-      OP_REQUIRES(ctx, inplace_.empty(),
+      OP_REQUIRES(ctx, !has_inplace_,
                   errors::InvalidArgument(where, ": returns its outputs, so no output can be "
                                           "written over an input (inplace must be empty)"));
       // Sizes a returning function's outputs have are what it returns: there
@@ -970,26 +1013,28 @@ class TVMDSOOpKernel : public CallKernel {
       CallReturning(ctx, placement, *fn, num_in, output_shapes_);
       return;
     }
-    OP_REQUIRES(ctx, static_cast<int64_t>(dim_values.size()) == num_dynamic_dims_,
+    OP_REQUIRES(ctx, dim_values.size() == static_cast<size_t>(num_dynamic_dims_),
                 errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
                                         " values for ", num_dynamic_dims_,
                                         " dynamic output dimensions"));
     // Each output's shape: known since construction, input 0's (nullptr), or
     // completed from output_dims (into `completed`, sized first: shapes point into it).
-    UninitializedArray<const TensorShape*, 4> shapes(num_outputs());
+    const int num_out = static_cast<int>(output_plan_.size());
+    UninitializedArray<const TensorShape*, 4> shapes(num_out);
     absl::InlinedVector<TensorShape, 2> completed;
-    if (num_dynamic_dims_ > 0) completed.resize(num_outputs());
+    if (num_dynamic_dims_ > 0) completed.resize(num_out);
     int next_dynamic = 0;
-    for (int i = 0; i < num_outputs(); ++i) {
-      const PartialTensorShape& declared = output_shapes_[i];
-      if (static_shapes_[i].has_value()) {
-        shapes[i] = &*static_shapes_[i];
-      } else if (declared.unknown_rank()) {
+    for (int i = 0; i < num_out; ++i) {
+      const OutputShape& planned = output_plan_[i];
+      if (planned.kind == OutputShape::kKnown) {
+        shapes[i] = &planned.known;
+      } else if (planned.kind == OutputShape::kFirstInput) {
         OP_REQUIRES(ctx, num_in > 0,
                     errors::InvalidArgument(where, ": output ", i,
                                             " takes the first input's shape, but there is no input"));
         shapes[i] = nullptr;
       } else {
+        const PartialTensorShape& declared = output_shapes_[i];
         for (int d = 0; d < declared.dims(); ++d) {
           int64_t size = declared.dim_size(d);
           if (size < 0) size = dim_values[next_dynamic++];
@@ -1003,7 +1048,7 @@ class TVMDSOOpKernel : public CallKernel {
         shapes[i] = &completed[i];
       }
     }
-    Call(ctx, placement, *fn, num_in, absl::MakeConstSpan(shapes.data(), num_outputs()));
+    Call(ctx, placement, *fn, num_in, absl::MakeConstSpan(shapes.data(), num_out));
   }
 
  private:
@@ -1013,22 +1058,26 @@ class TVMDSOOpKernel : public CallKernel {
     std::vector<int32_t> inplace;
     TF_RETURN_IF_ERROR(ctx->GetAttr("inplace", &inplace));
     if (inplace.empty()) return Status();
-    inplace_.assign(inplace.begin(), inplace.end());
     const std::string where = absl::StrCat(type_string(), ": function '", func_name(), "': inplace");
     if (returns_) {
       return errors::InvalidArgument(where, ": the function returns its outputs (returns=True), so "
                                      "no output can be written over an input");
     }
-    if (static_cast<int>(inplace_.size()) != num_outputs()) {
-      return errors::InvalidArgument(where, " has ", inplace_.size(), " entries for ",
+    if (static_cast<int>(inplace.size()) != num_outputs()) {
+      return errors::InvalidArgument(where, " has ", inplace.size(), " entries for ",
                                      num_outputs(), " outputs");
     }
     for (int o = 0; o < num_outputs(); ++o) {
-      const int i = inplace_[o];
+      const int i = inplace[o];
       if (i == -1) continue;
       if (i < 0 || i >= num_in_) {
         return errors::InvalidArgument(where, ": output ", o, " names input ", i,
                                        ", but the op has ", num_in_, " input(s)");
+      }
+      if (i > std::numeric_limits<int16_t>::max()) {
+        return errors::InvalidArgument(where, ": output ", o, " names input ", i,
+                                       "; only inputs up to ", std::numeric_limits<int16_t>::max(),
+                                       " can be written over");
       }
       if (input_type(i) != output_type(o)) {
         return errors::InvalidArgument(where, ": output ", o, " (",
@@ -1036,16 +1085,22 @@ class TVMDSOOpKernel : public CallKernel {
                                        ") cannot be written over input ", i, " (",
                                        tensorflow::DataTypeString(input_type(i)), ")");
       }
+      SetReuse(o, i);
     }
     return Status();
   }
 
-  // Read by every call first (see CallKernel's members).
-  int num_in_ = 0;            // the function's inputs (Tin)
-  int num_dims_parts_ = 1;    // output_dims' tensors
+  // How a call finds an output's shape, decided from output_shapes once.
+  struct OutputShape {
+    enum Kind : uint8_t { kKnown, kFirstInput, kCompleted } kind = kCompleted;
+    TensorShape known;  // kKnown: the whole shape; kCompleted: from output_dims
+  };
+
+  // Read by every call (see CallKernel's members); the rest after them.
   bool returns_ = false;      // a plain function that returns its outputs
-  int64_t num_dynamic_dims_ = 0;
-  absl::InlinedVector<std::optional<TensorShape>, 2> static_shapes_;  // per output, when fully known
+  int num_dims_parts_ = 1;    // output_dims' tensors
+  int num_dynamic_dims_ = 0;  // -1 sizes in output_shapes
+  absl::InlinedVector<OutputShape, 2> output_plan_;  // per output
   std::vector<PartialTensorShape> output_shapes_;
   std::string lib_sha256_;
 };
@@ -1059,6 +1114,7 @@ class LegacyTvmDsoOpKernel : public CallKernel {
   explicit LegacyTvmDsoOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
     std::string lib_path;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_path", &lib_path));
+    SetArguments(num_inputs() - 1);  // the last input is dynamic_output_shape
     // Resolved for the CPU: it is only a plain function's, on every device.
     OP_REQUIRES_OK(ctx, FunctionFor(lib_path, "", {kDLCPU, 0}, /*allow_models=*/false, &fn_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("has_static_output_shape", &has_static_output_shape_));
@@ -1075,7 +1131,7 @@ class LegacyTvmDsoOpKernel : public CallKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int num_in = ctx->num_inputs() - 1;  // the last input is dynamic_output_shape
+    const int num_in = num_in_;
     const Tensor& dynamic = ctx->input(num_in);
     TensorShape shape;
     if (has_static_output_shape_) {

@@ -564,6 +564,17 @@ def test_inplace_checked_by_the_op(ffi: tf_op.Module, attr: list[int], pattern: 
         )
 
 
+def test_inplace_names_an_input_the_kernel_can_keep(ffi: tf_op.Module) -> None:
+    """The kernel keeps the input an output may be written over in 16 bits, next
+    to the dtype: a larger index is refused, never wrapped around."""
+    x = tf.zeros([64])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="names input 32768; only inputs up to 32767"):
+        _library.load().tvmdso_op(
+            args=[x] * 32769, output_dims=[], library=ffi.lib_path, Tout=[tf.float32],
+            output_shapes=[tf.TensorShape(None)], func_name="add_one", inplace=[32768],
+        )
+
+
 # --- the error contract: docs/errors.md, one test per row --------------------------
 
 
