@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -437,11 +438,21 @@ class GpuPlacement {
   absl::InlinedVector<Tensor, 2> scratch_;
 };
 
+// The process's one copy of a library path. Every kernel's Resolved points to
+// it, so the memory a call compares its library input with stays in cache
+// however many kernels call the library. Never freed: one per library used.
+const std::string* SharedPath(absl::string_view path) {
+  static std::mutex mu;
+  static auto* paths = new std::set<std::string, std::less<>>();
+  std::lock_guard<std::mutex> lock(mu);
+  return &*paths->emplace(path).first;
+}
+
 // A function resolved from one library: a plain function, or a function of a
 // whole model with the pool of VM instances that runs it. A call reads the path
 // and the target, which share a cache line.
 struct alignas(64) Resolved {
-  std::string lib_path;
+  const std::string* lib_path;  // SharedPath's
   TvmdsoopTarget target;
   std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
 
@@ -572,7 +583,7 @@ class CallKernel : public OpKernel {
   Status FunctionFor(absl::string_view lib_path, const std::string& sha256, DLDevice device,
                      bool allow_models, const Resolved** out) {
     const Resolved* latest = latest_.load(std::memory_order_acquire);
-    if (ABSL_PREDICT_TRUE(latest != nullptr && latest->lib_path == lib_path)) {
+    if (ABSL_PREDICT_TRUE(latest != nullptr && *latest->lib_path == lib_path)) {
       *out = latest;
       return Status();
     }
@@ -597,17 +608,17 @@ class CallKernel : public OpKernel {
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& r : resolved_) {
-      if (r->lib_path == lib_path) {
+      if (*r->lib_path == lib_path) {
         latest_.store(r.get(), std::memory_order_release);
         *out = r.get();
         return Status();
       }
     }
     auto r = std::make_unique<Resolved>();
-    r->lib_path = std::string(lib_path);
+    r->lib_path = SharedPath(lib_path);
     r->where = Where(lib_path);
     char* message = nullptr;
-    const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path.c_str()),
+    const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path->c_str()),
                                      const_cast<char*>(func_name_.c_str()),
                                      const_cast<char*>(sha256.c_str()), device.device_type,
                                      device.device_id, allow_models ? 1 : 0, &r->target, &message);
