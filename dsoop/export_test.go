@@ -37,3 +37,6 @@ func EmbeddedModules(path string) ([]string, error) {
 	}
 	return modules, nil
 }
+
+// SameObject reports whether two Funcs call through one TVM function object.
+func SameObject(a, b *Func) bool { return a.ref.fn.handle == b.ref.fn.handle }

@@ -87,6 +87,34 @@ func TestUnclosedModuleIsReleased(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond, "a finaliser closes a Module no one closed")
 }
 
+// Lookups of one function share its object (the kernels of a graph then call
+// through one that stays in cache); each Func still holds its own reference.
+func TestFuncsOfOneFunctionShareItsObject(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	a, err := dsoop.Open(path)
+	require.NoError(t, err)
+	b, err := dsoop.Open(path)
+	require.NoError(t, err)
+	f, err := a.Func("add_one")
+	require.NoError(t, err)
+	defer f.Close()
+	g, err := b.Func("add_one")
+	require.NoError(t, err)
+	other, err := a.Func("vector_add")
+	require.NoError(t, err)
+	defer other.Close()
+	assert.True(t, dsoop.SameObject(f, g))
+	assert.False(t, dsoop.SameObject(f, other))
+
+	require.NoError(t, g.Close())
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.False(t, dsoop.Loaded(path), "released with the last Close")
+	out := make([]float32, 2)
+	require.NoError(t, f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, out)), "f keeps its own reference")
+	assert.Equal(t, []float32{2, 3}, out)
+}
+
 // The kernels keep what they load for the life of the process: later kernels
 // share it, whether the Modules are closed or let go.
 func TestKeptLibraryOutlivesItsModules(t *testing.T) {

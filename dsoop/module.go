@@ -76,6 +76,9 @@ type moduleEntry struct {
 	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
 	opens  int                       // guarded by modulesMu
 	kept   bool                      // one of opens is native.KeepLoaded's; guarded by modulesMu
+
+	funcsMu sync.Mutex
+	funcs   map[string]C.DsoopFunction // looked up so far, one object per name, released with the entry
 }
 
 var (
@@ -392,18 +395,42 @@ func (m *Module) Func(name string) (*Func, error) {
 	if m.entry.legacy != nil {
 		return m.legacyFunc(name)
 	}
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	var cerr C.DsoopError
-	var fn C.DsoopFunction
-	switch C.dsoop_module_get_function(m.entry.handle, cname, &fn, &cerr) {
-	case 1:
-		return newFunc(name, m.entry.path, fn), nil
-	case 0:
+	fn, found, err := m.entry.function(name)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, err)
+	case !found:
 		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.entry.path, ErrFunctionNotFound, name)
-	default:
-		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, takeError(&cerr))
 	}
+	return newFunc(name, m.entry.path, fn), nil
+}
+
+// function gives a new reference to the library's function name. The module is
+// asked once per name: later lookups share its function object, so that the
+// TensorFlow kernels of one function, however many, call through one object
+// that stays in cache (a call reads the object's function pointer).
+func (e *moduleEntry) function(name string) (fn C.DsoopFunction, found bool, err error) {
+	e.funcsMu.Lock()
+	defer e.funcsMu.Unlock()
+	fn, found = e.funcs[name]
+	if !found {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		var cerr C.DsoopError
+		switch C.dsoop_module_get_function(e.handle, cname, &fn, &cerr) {
+		case 0:
+			return fn, false, nil
+		case 1:
+		default:
+			return fn, false, takeError(&cerr)
+		}
+		if e.funcs == nil {
+			e.funcs = map[string]C.DsoopFunction{}
+		}
+		e.funcs[name] = fn // the entry's reference
+	}
+	C.dsoop_object_retain(fn.handle)
+	return fn, true, nil
 }
 
 // Close releases this Module; the library is released with the last one open on
@@ -440,6 +467,13 @@ func (r *moduleRef) close() {
 	if e.legacy != nil {
 		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
 		return
+	}
+	e.funcsMu.Lock()
+	funcs := e.funcs
+	e.funcs = nil
+	e.funcsMu.Unlock()
+	for _, fn := range funcs {
+		C.dsoop_object_release(fn.handle) // Funcs still open keep theirs
 	}
 	C.dsoop_object_release(e.handle)
 }
