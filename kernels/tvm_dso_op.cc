@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -438,26 +438,42 @@ class GpuPlacement {
   absl::InlinedVector<Tensor, 2> scratch_;
 };
 
-// The process's one copy of a library path. Every kernel's Resolved points to
-// it, so the memory a call compares its library input with stays in cache
-// however many kernels call the library. Never freed: one per library used.
-const std::string* SharedPath(absl::string_view path) {
-  static std::mutex mu;
-  static auto* paths = new std::set<std::string, std::less<>>();
-  std::lock_guard<std::mutex> lock(mu);
-  return &*paths->emplace(path).first;
-}
-
 // A function resolved from one library: a plain function, or a function of a
 // whole model with the pool of VM instances that runs it. A call reads the path
 // and the target, which share a cache line.
 struct alignas(64) Resolved {
-  const std::string* lib_path;  // SharedPath's
+  std::string lib_path;
   TvmdsoopTarget target;
   std::string where;  // "TVMDSOOp: function 'f' of /lib.so", built once for messages
 
   bool is_model() const { return target.pool != nullptr; }
+
+  bool SameAs(const Resolved& o) const {
+    return lib_path == o.lib_path && where == o.where && target.fn.handle == o.target.fn.handle &&
+           target.fn.safe_call == o.target.fn.safe_call && target.pool == o.target.pool &&
+           target.vm_index == o.target.vm_index && target.arity == o.target.arity;
+  }
 };
+
+// The process's one Resolved for each function of a loaded library (dsoop gives
+// every lookup of it the same object): the kernels of the function point to it,
+// so what their calls read of it stays in cache however many kernels there are.
+// It lives as long as the process, as the library does (kernels.go keeps it
+// loaded); r's reference is released when an equal one is there already.
+const Resolved* Shared(std::unique_ptr<Resolved> r) {
+  static std::mutex mu;
+  static auto* all = new std::multimap<std::string, std::unique_ptr<Resolved>>();  // by where
+  std::lock_guard<std::mutex> lock(mu);
+  auto [first, last] = all->equal_range(r->where);
+  for (auto it = first; it != last; ++it) {
+    if (it->second->SameAs(*r)) {
+      dsoop_object_release(r->target.fn.handle);
+      return it->second.get();
+    }
+  }
+  const std::string where = r->where;
+  return all->emplace(where, std::move(r))->second.get();
+}
 
 // Releases a TVM object handle.
 struct ObjectReleaser {
@@ -546,11 +562,6 @@ class CallKernel : public OpKernel {
     output_pool_ = std::make_shared<OutputPool>(pool_size);
   }
 
-  // The VM pools of models are shared with other kernels and live on.
-  ~CallKernel() override {
-    for (const auto& r : resolved_) dsoop_object_release(r->target.fn.handle);
-  }
-
   CallKernel(const CallKernel&) = delete;
   CallKernel& operator=(const CallKernel&) = delete;
 
@@ -583,7 +594,7 @@ class CallKernel : public OpKernel {
   Status FunctionFor(absl::string_view lib_path, const std::string& sha256, DLDevice device,
                      bool allow_models, const Resolved** out) {
     const Resolved* latest = latest_.load(std::memory_order_acquire);
-    if (ABSL_PREDICT_TRUE(latest != nullptr && *latest->lib_path == lib_path)) {
+    if (ABSL_PREDICT_TRUE(latest != nullptr && latest->lib_path == lib_path)) {
       *out = latest;
       return Status();
     }
@@ -607,18 +618,18 @@ class CallKernel : public OpKernel {
                                      "': the library path holds a NUL byte");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& r : resolved_) {
-      if (*r->lib_path == lib_path) {
-        latest_.store(r.get(), std::memory_order_release);
-        *out = r.get();
+    for (const Resolved* r : resolved_) {
+      if (r->lib_path == lib_path) {
+        latest_.store(r, std::memory_order_release);
+        *out = r;
         return Status();
       }
     }
     auto r = std::make_unique<Resolved>();
-    r->lib_path = SharedPath(lib_path);
+    r->lib_path = std::string(lib_path);
     r->where = Where(lib_path);
     char* message = nullptr;
-    const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path->c_str()),
+    const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path.c_str()),
                                      const_cast<char*>(func_name_.c_str()),
                                      const_cast<char*>(sha256.c_str()), device.device_type,
                                      device.device_id, allow_models ? 1 : 0, &r->target, &message);
@@ -628,10 +639,9 @@ class CallKernel : public OpKernel {
       std::free(message);
       return status;
     }
-    // Resolved entries live as long as the kernel: a concurrent Compute may hold one.
-    *out = r.get();
-    latest_.store(r.get(), std::memory_order_release);
-    resolved_.push_back(std::move(r));
+    *out = Shared(std::move(r));
+    latest_.store(*out, std::memory_order_release);
+    resolved_.push_back(*out);
     return Status();
   }
 
@@ -923,7 +933,7 @@ class CallKernel : public OpKernel {
   // subclass's) are contiguous.
   std::string func_name_;
   std::mutex mu_;  // guards resolving and resolved_
-  std::vector<std::unique_ptr<Resolved>> resolved_;
+  std::vector<const Resolved*> resolved_;  // Shared's, for each path resolved
   std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
 
   // What each call reads lives inline in the kernel, from a cache line's start,

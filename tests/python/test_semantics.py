@@ -783,6 +783,41 @@ def test_sha256_taken_when_the_library_appears_later(tmp_path, testlib: str) -> 
     assert module.sha256 == hashlib.sha256(Path(testlib).read_bytes()).hexdigest()
 
 
+SHIFT_LIBRARY = """
+#include <tvm/ffi/c_api.h>
+
+int __tvm_ffi_shift(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const DLTensor* x = (const DLTensor*)args[0].v_ptr;
+  const DLTensor* y = (const DLTensor*)args[1].v_ptr;
+  for (int64_t i = 0; i < x->shape[0]; ++i) ((float*)y->data)[i] = ((const float*)x->data)[i] + SHIFT;
+  result->type_index = kTVMFFINone;
+  return 0;
+}
+"""
+
+
+def test_a_library_rebuilt_at_its_path_serves_new_kernels(tmp_path: Path) -> None:
+    """Kernels of one function share what they resolved: a library rebuilt at the
+    same path is another library, which kernels made after it call, while those
+    made before keep calling the old one."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the libraries (the op library's build needs one too)"
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "shift.c").write_text(SHIFT_LIBRARY)
+    for shift in (1, 2):
+        subprocess.run([cc, "-shared", "-fPIC", f"-DSHIFT={shift}.0f", f"-I{repo / 'third_party/tvm-ffi/include'}",
+                        f"-I{repo}", "-o", str(tmp_path / f"shift{shift}.so"), str(tmp_path / "shift.c")], check=True)
+    path = tmp_path / "lib.so"
+    x = tf.constant([1.0, 2.0])
+    shutil.copy(tmp_path / "shift1.so", path)
+    old = tf.function(tf_op.Module(path).func("shift"))
+    np.testing.assert_array_equal(old(x).numpy(), [2.0, 3.0])
+    os.replace(shutil.copy(tmp_path / "shift2.so", tmp_path / "new.so"), path)
+    new = tf.function(tf_op.Module(path).func("shift"))
+    np.testing.assert_array_equal(new(x).numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(old(x).numpy(), [2.0, 3.0])
+
+
 @pytest.mark.parametrize("static_shape", [[-3], [2**40, 2**40]])
 def test_legacy_bad_static_shape_is_an_error_not_an_abort(testlib: str, static_shape: list[int]) -> None:
     graph_def = legacy_graph(testlib, "add_one", np.int64(0), static_shape)
