@@ -581,6 +581,8 @@ class CallKernel : public OpKernel {
     for (DataType t : output_types()) args_.push_back({DLTypeOf(t), -1});
   }
 
+  int num_outputs_of_function() const { return static_cast<int>(args_.size()) - num_in_; }
+
   // Output o may be written over input i (checked by the caller).
   void SetReuse(int o, int i) {
     args_[num_in_ + o].reuse = static_cast<int16_t>(i);
@@ -989,6 +991,10 @@ class TVMDSOOpKernel : public CallKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &arg_types));
     SetArguments(static_cast<int>(arg_types.size()));
     num_dims_parts_ = num_inputs() - num_in_ - 1;
+    first_input_shapes_ =
+        num_in_ > 0 && std::all_of(output_plan_.begin(), output_plan_.end(), [](const OutputShape& s) {
+          return s.kind == OutputShape::kFirstInput;
+        });
     OP_REQUIRES_OK(ctx, ReadInplace(ctx));
   }
 
@@ -1040,33 +1046,37 @@ class TVMDSOOpKernel : public CallKernel {
                                         " dynamic output dimensions"));
     // Each output's shape: known since construction, input 0's (nullptr), or
     // completed from output_dims (into `completed`, sized first: shapes point into it).
-    const int num_out = static_cast<int>(output_plan_.size());
+    const int num_out = num_outputs_of_function();
     UninitializedArray<const TensorShape*, 4> shapes(num_out);
     absl::InlinedVector<TensorShape, 2> completed;
     if (num_dynamic_dims_ > 0) completed.resize(num_out);
     int next_dynamic = 0;
-    for (int i = 0; i < num_out; ++i) {
-      const OutputShape& planned = output_plan_[i];
-      if (planned.kind == OutputShape::kKnown) {
-        shapes[i] = &planned.known;
-      } else if (planned.kind == OutputShape::kFirstInput) {
-        OP_REQUIRES(ctx, num_in > 0,
-                    errors::InvalidArgument(where, ": output ", i,
-                                            " takes the first input's shape, but there is no input"));
-        shapes[i] = nullptr;
-      } else {
-        const PartialTensorShape& declared = output_shapes_[i];
-        for (int d = 0; d < declared.dims(); ++d) {
-          int64_t size = declared.dim_size(d);
-          if (size < 0) size = dim_values[next_dynamic++];
-          OP_REQUIRES(ctx, size >= 0,
-                      errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
-                                              "; sizes must be >= 0"));
-          const Status added = completed[i].AddDimWithStatus(size);
-          OP_REQUIRES(ctx, added.ok(),
-                      errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
+    if (first_input_shapes_) {
+      for (int i = 0; i < num_out; ++i) shapes[i] = nullptr;
+    } else {
+      for (int i = 0; i < num_out; ++i) {
+        const OutputShape& planned = output_plan_[i];
+        if (planned.kind == OutputShape::kKnown) {
+          shapes[i] = &planned.known;
+        } else if (planned.kind == OutputShape::kFirstInput) {
+          OP_REQUIRES(ctx, num_in > 0,
+                      errors::InvalidArgument(where, ": output ", i,
+                                              " takes the first input's shape, but there is no input"));
+          shapes[i] = nullptr;
+        } else {
+          const PartialTensorShape& declared = output_shapes_[i];
+          for (int d = 0; d < declared.dims(); ++d) {
+            int64_t size = declared.dim_size(d);
+            if (size < 0) size = dim_values[next_dynamic++];
+            OP_REQUIRES(ctx, size >= 0,
+                        errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
+                                                "; sizes must be >= 0"));
+            const Status added = completed[i].AddDimWithStatus(size);
+            OP_REQUIRES(ctx, added.ok(),
+                        errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
+          }
+          shapes[i] = &completed[i];
         }
-        shapes[i] = &completed[i];
       }
     }
     Call(ctx, placement, *fn, num_in, absl::MakeConstSpan(shapes.data(), num_out));
@@ -1119,6 +1129,9 @@ class TVMDSOOpKernel : public CallKernel {
 
   // Read by every call (see CallKernel's members); the rest after them.
   bool returns_ = false;      // a plain function that returns its outputs
+  // Every output has input 0's shape (and there is one): the default of an
+  // element-wise function, found without reading output_plan_'s line.
+  bool first_input_shapes_ = false;
   int num_dims_parts_ = 1;    // output_dims' tensors
   int num_dynamic_dims_ = 0;  // -1 sizes in output_shapes
   absl::InlinedVector<OutputShape, 2> output_plan_;  // per output
