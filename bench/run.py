@@ -26,8 +26,8 @@ from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE
 from report import KEYS, summary, write_report
 
 
-#: bench/compare.py's comparisons, each in its own process, with its time limit in
-#: seconds (the bridge compiles MobileNetV2 twice, 10-60 s each, and times it).
+#: bench/compare.py's comparisons, each in its own process, with its time limit in seconds (the bridge compiles
+#: MobileNetV2 twice, 10-60 s each, and times it). "overhead" runs 4x the rounds: a per-op slope is 4% of what it times.
 COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
 #: Go benchmarks: package, benchmarks, rounds, and the metric -> key they give (None:
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
@@ -144,8 +144,8 @@ def main(argv: list[str]) -> None:
     results: Results = environment()
     for name, timeout in COMPARISONS.items():
         out, tuning = BUILD_DIR / f"{name}.json", ["--tune", str(args.tune)] if name == "bridge" and args.tune else []
-        # Tuning takes minutes per model and batch: 4 models x 2 batches, ~2 s a trial.
-        run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning],
+        n = rounds * 4 if name == "overhead" else rounds  # tuning: minutes per model and batch (4 x 2), ~2 s a trial
+        run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(n), *tuning],
             f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))
         results.update(json.loads(out.read_text()))
     results.update(run_memory(2 if args.quick else 3))
