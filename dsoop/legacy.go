@@ -138,12 +138,9 @@ func (m *Module) legacyFunc(name string) (*Func, error) {
 	if !m.entry.sealed.legacy.functions[name] {
 		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.entry.path, ErrFunctionNotFound, name)
 	}
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	var fn C.DsoopFunction
-	var cerr C.DsoopError
-	if C.dsoop_legacy_get_function(m.entry.legacy, cname, &fn, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, takeError(&cerr))
+	fn, _, err := m.entry.function(name)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, err)
 	}
 	return newFunc(name, m.entry.path, fn), nil
 }

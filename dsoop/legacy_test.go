@@ -234,6 +234,26 @@ func TestLegacyLookups(t *testing.T) {
 	})
 }
 
+// Lookups of one legacy function share its object too, as TVM-FFI ones do;
+// each Func still holds its own reference.
+func TestLegacyFuncsOfOneFunctionShareItsObject(t *testing.T) {
+	m := openLegacy(t, "legacy.so")
+	f, err := m.Func("scale_parallel")
+	require.NoError(t, err)
+	defer f.Close()
+	g, err := m.Func("scale_parallel")
+	require.NoError(t, err)
+	require.True(t, dsoop.SameObject(f, g))
+	require.NoError(t, g.Close())
+	in, err := dlpack.FromSlice([]float32{0, 1, 2, 3}, 2, 2)
+	require.NoError(t, err)
+	out := make([]float32, 4)
+	o, err := dlpack.FromSlice(out, 2, 2)
+	require.NoError(t, err)
+	require.NoError(t, f.Call(in, o))
+	assert.Equal(t, []float32{0, 3, 7, 10}, out, "as scale_parallel computes (see the concurrent test)")
+}
+
 func TestLegacyFuncOutlivesModuleAndRunsConcurrently(t *testing.T) {
 	m, err := dsoop.Open(filepath.Join(legacyFixtures, "legacy.so"))
 	require.NoError(t, err)

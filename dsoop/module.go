@@ -414,15 +414,8 @@ func (e *moduleEntry) function(name string) (fn C.DsoopFunction, found bool, err
 	defer e.funcsMu.Unlock()
 	fn, found = e.funcs[name]
 	if !found {
-		cname := C.CString(name)
-		defer C.free(unsafe.Pointer(cname))
-		var cerr C.DsoopError
-		switch C.dsoop_module_get_function(e.handle, cname, &fn, &cerr) {
-		case 0:
-			return fn, false, nil
-		case 1:
-		default:
-			return fn, false, takeError(&cerr)
+		if fn, found, err = e.lookUp(name); !found || err != nil {
+			return fn, found, err
 		}
 		if e.funcs == nil {
 			e.funcs = map[string]C.DsoopFunction{}
@@ -431,6 +424,28 @@ func (e *moduleEntry) function(name string) (fn C.DsoopFunction, found bool, err
 	}
 	C.dsoop_object_retain(fn.handle)
 	return fn, true, nil
+}
+
+// lookUp asks the library for a new function object: TVM's loader's module, or
+// legacy.c for a library of TVM 0.8-0.20.
+func (e *moduleEntry) lookUp(name string) (fn C.DsoopFunction, found bool, err error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var cerr C.DsoopError
+	if e.legacy != nil {
+		if C.dsoop_legacy_get_function(e.legacy, cname, &fn, &cerr) != 0 {
+			return fn, false, takeError(&cerr)
+		}
+		return fn, true, nil
+	}
+	switch C.dsoop_module_get_function(e.handle, cname, &fn, &cerr) {
+	case 0:
+		return fn, false, nil
+	case 1:
+		return fn, true, nil
+	default:
+		return fn, false, takeError(&cerr)
+	}
 }
 
 // Close releases this Module; the library is released with the last one open on
@@ -464,16 +479,16 @@ func (r *moduleRef) close() {
 	for _, p := range pools {
 		p.release() // VMFuncs still open keep theirs
 	}
-	if e.legacy != nil {
-		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
-		return
-	}
 	e.funcsMu.Lock()
 	funcs := e.funcs
 	e.funcs = nil
 	e.funcsMu.Unlock()
 	for _, fn := range funcs {
 		C.dsoop_object_release(fn.handle) // Funcs still open keep theirs
+	}
+	if e.legacy != nil {
+		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
+		return
 	}
 	C.dsoop_object_release(e.handle)
 }

@@ -439,8 +439,8 @@ class GpuPlacement {
 };
 
 // A function resolved from one library: a plain function, or a function of a
-// whole model with the pool of VM instances that runs it. A call reads the path
-// and the target, which share a cache line.
+// whole model with the pool of VM instances that runs it. A call reads the
+// path (its size, then its characters) and the function: declared first, together.
 struct alignas(64) Resolved {
   std::string lib_path;
   TvmdsoopTarget target;
@@ -459,7 +459,8 @@ struct alignas(64) Resolved {
 // every lookup of it the same object): the kernels of the function point to it,
 // so what their calls read of it stays in cache however many kernels there are.
 // It lives as long as the process, as the library does (kernels.go keeps it
-// loaded); r's reference is released when an equal one is there already.
+// loaded); r's function reference is released when an equal one is there
+// already (a model's pool is never released: pools live as long as the process).
 const Resolved* Shared(std::unique_ptr<Resolved> r) {
   static std::mutex mu;
   static auto* all = new std::multimap<std::string, std::unique_ptr<Resolved>>();  // by where
@@ -1031,7 +1032,7 @@ class TVMDSOOpKernel : public CallKernel {
     if (fn->is_model() || returns_) {
       OP_REQUIRES(ctx, !has_inplace_,
                   errors::InvalidArgument(where, ": returns its outputs, so no output can be "
-                                          "written over an input (inplace must be empty)"));
+                                          "written over an input (inplace must name no input)"));
       // Sizes a returning function's outputs have are what it returns: there
       // are none to give, and a -1 in output_shapes is a dimension not checked.
       OP_REQUIRES(ctx, dim_values.empty(),
