@@ -239,13 +239,16 @@ class OutputPool {
   }
 
   // Kept in place of the one kept longest, which is freed when max_idle are kept
-  // already (of an older size, when shapes change).
+  // already (of an older size, when shapes change). A pool that keeps none lends
+  // none (Serves), so nothing comes back to it.
   void GiveLarge(char* data, size_t size) {
-    char* evicted = data;
-    if (max_idle_ > 0) {
+    char* evicted = nullptr;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      evicted = idle_.size() < max_idle_ ? nullptr : idle_.front().second;
-      if (evicted != nullptr) idle_.erase(idle_.begin());
+      if (idle_.size() >= max_idle_) {
+        evicted = idle_.front().second;
+        idle_.erase(idle_.begin());
+      }
       idle_.emplace_back(size, data);
     }
     std::free(evicted);
