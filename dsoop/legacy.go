@@ -131,20 +131,6 @@ func openLegacy(s *sealedLibrary, path string) (*C.DsoopLegacyLibrary, error) {
 	}
 }
 
-// legacyFunc looks up a function of a library of TVM 0.8-0.20. Only the
-// functions the library itself exports are looked up: the loader would also
-// find its data, and the functions of the libraries it links (libc's).
-func (m *Module) legacyFunc(name string) (*Func, error) {
-	if !m.entry.sealed.legacy.functions[name] {
-		return nil, fmt.Errorf("dsoop: library %s: %w: %q", m.entry.path, ErrFunctionNotFound, name)
-	}
-	fn, _, err := m.entry.function(name)
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %s: function %q: %w", m.entry.path, name, err)
-	}
-	return newFunc(name, m.entry.path, fn), nil
-}
-
 // Legacy reports whether the module is a library built by TVM 0.8-0.20, whose
 // functions dsoop calls through the legacy calling convention.
 func (m *Module) Legacy() bool { return m.entry.legacy != nil }

@@ -392,9 +392,6 @@ func (m *Module) Func(name string) (*Func, error) {
 	if m.ref.closed {
 		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
 	}
-	if m.entry.legacy != nil {
-		return m.legacyFunc(name)
-	}
 	fn, found, err := m.entry.function(name)
 	switch {
 	case err != nil:
@@ -429,6 +426,11 @@ func (e *moduleEntry) function(name string) (fn C.DsoopFunction, found bool, err
 // lookUp asks the library for a new function object: TVM's loader's module, or
 // legacy.c for a library of TVM 0.8-0.20.
 func (e *moduleEntry) lookUp(name string) (fn C.DsoopFunction, found bool, err error) {
+	// Of a legacy library, only the functions it exports itself: its loader would
+	// also find its data, and the functions of the libraries it links (libc's).
+	if e.legacy != nil && !e.sealed.legacy.functions[name] {
+		return fn, false, nil
+	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var cerr C.DsoopError
