@@ -23,6 +23,7 @@ static struct {
   int (*tensor_to_dlpack)(TVMFFIObjectHandle, DLManagedTensor**);
   DsoopFunction load_shared_library;  // ffi.Module.load_from_file.so
   DsoopFunction module_get_function;  // ffi.ModuleGetFunction
+  DsoopFunction module_get_kind;      // ffi.ModuleGetKind; handle NULL where the runtime has none
 } api;
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -88,6 +89,7 @@ static int get_global(const char* name, DsoopFunction* out, DsoopError* err) {
     return dsoop_error_set(err, "RuntimeError", "the TVM-FFI runtime has no global function %s", name);
   }
   out->safe_call = safe_call_of(out->handle);
+  out->self = out->handle;
   return 0;
 }
 
@@ -156,6 +158,12 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   // SavedModel assets may be renamed ("lib.so_1"), and sonames carry versions.
   if (get_global("ffi.Module.load_from_file.so", &api.load_shared_library, err) != 0) goto fail;
   if (get_global("ffi.ModuleGetFunction", &api.module_get_function, err) != 0) goto fail;
+  // Optional: without it, functions are called through their objects.
+  DsoopError no_kind = {NULL, NULL};
+  if (get_global("ffi.ModuleGetKind", &api.module_get_kind, &no_kind) != 0) {
+    api.module_get_kind.handle = NULL;
+    dsoop_error_clear(&no_kind);
+  }
   ffi_handle = ffi;
   runtime_handle = runtime;
   ready = 1;
@@ -205,7 +213,7 @@ static int call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t n, TVMFF
   result->type_index = kTVMFFINone;
   result->zero_padding = 0;
   result->v_int64 = 0;
-  if (fn->safe_call(fn->handle, args, n, result) != 0) return take_raised_error(err);
+  if (fn->safe_call(fn->self, args, n, result) != 0) return take_raised_error(err);
   return 0;
 }
 
@@ -249,6 +257,53 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
   }
   out->handle = result.v_obj;
   out->safe_call = safe_call_of(result.v_obj);
+  out->self = result.v_obj;
+  return 1;
+}
+
+// Whether module is a library module ("library" is TVM-FFI's LibraryModuleObj::kind).
+static int is_library_module(TVMFFIObjectHandle module) {
+  if (api.module_get_kind.handle == NULL) return 0;
+  TVMFFIAny arg = {0};
+  arg.type_index = kTVMFFIModule;
+  arg.v_obj = module;
+  TVMFFIAny kind;
+  DsoopError err = {NULL, NULL};
+  if (call(&api.module_get_kind, &arg, 1, &kind, &err) != 0) {
+    dsoop_error_clear(&err);
+    return 0;
+  }
+  static const char library[] = "library";
+  const size_t n = sizeof(library) - 1;
+  int is = 0;
+  if (kind.type_index == kTVMFFISmallStr) {
+    is = kind.small_str_len == n && memcmp(kind.v_bytes, library, n) == 0;
+  } else if (kind.type_index == kTVMFFIStr) {
+    const TVMFFIByteArray* bytes = (const TVMFFIByteArray*)object_cell(kind.v_obj);
+    is = bytes->size == n && memcmp(bytes->data, library, n) == 0;
+  }
+  release_any(&kind);
+  return is;
+}
+
+int dsoop_function_use_symbol(TVMFFIObjectHandle module, const char* path, const char* name,
+                              DsoopFunction* fn) {
+  // A library module's GetFunction looks the symbol up in its own library
+  // before any import, and wraps it in an object that calls it with self NULL
+  // (tvm-ffi's library_module.cc): finding the symbol there finds what the
+  // object calls.
+  if (!is_library_module(module)) return 0;
+  // The library is loaded (the module holds it), so this only finds its handle;
+  // the reference it adds is dropped at once, the module's keeps it loaded.
+  void* library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (library == NULL) return 0;
+  char symbol[512];
+  const int len = snprintf(symbol, sizeof(symbol), "__tvm_ffi_%s", name);
+  void* address = len > 0 && (size_t)len < sizeof(symbol) ? dlsym(library, symbol) : NULL;
+  dlclose(library);
+  if (address == NULL) return 0;
+  *(void**)(&fn->safe_call) = address;
+  fn->self = NULL;
   return 1;
 }
 

@@ -84,11 +84,16 @@ int dsoop_global_exists(const char* name, DsoopError* err);
 // RTLD_LOCAL, as TVM's Python package does: its symbols stay private to it.
 int dsoop_load_extension(const char* path, DsoopError* err);
 
-// A TVM-FFI function with its call pointer resolved once, so a call is one
-// indirect call. Holds one reference to the function object.
+// A TVM-FFI function with its call resolved once, so a call is one indirect
+// call: safe_call(self, ...). That is the function object's own call (self is
+// the object), or for a function a library exports, the library's symbol that
+// the object wraps, called as TVM's library module calls it (self NULL): see
+// dsoop_function_use_symbol. Holds one reference to the function object, which
+// keeps its library loaded.
 typedef struct {
   TVMFFIObjectHandle handle;
   TVMFFISafeCallType safe_call;
+  void* self;
 } DsoopFunction;
 
 // Loads a shared library as a module through TVM's own loader
@@ -100,6 +105,16 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
 // holds a new reference), 0 when the module has no such function, -1 on error.
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,
                               DsoopError* err);
+
+// Makes fn, which module gave for name, call the library's exported symbol for
+// name (TVM-FFI's "__tvm_ffi_" + name) directly, when module is the library
+// module TVM's loader made of the shared library loaded from path and that
+// library exports the symbol: TVM's module calls the same symbol, with the same
+// arguments, through a trampoline and a lambda of its own. The per-call path of
+// the TF kernels then runs no TVM-FFI code. Returns 1 when fn calls the symbol,
+// 0 when it is left as it was (any other module, or no such symbol).
+int dsoop_function_use_symbol(TVMFFIObjectHandle module, const char* path, const char* name,
+                              DsoopFunction* fn);
 
 // Adds a reference to fn and copies it to out.
 void dsoop_function_retain(const DsoopFunction* fn, DsoopFunction* out);

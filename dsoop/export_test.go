@@ -40,3 +40,7 @@ func EmbeddedModules(path string) ([]string, error) {
 
 // SameObject reports whether two Funcs call through one TVM function object.
 func SameObject(a, b *Func) bool { return a.ref.fn.handle == b.ref.fn.handle }
+
+// CallsSymbol reports whether f calls its library's exported symbol directly,
+// not through its function object.
+func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }

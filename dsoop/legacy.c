@@ -377,7 +377,10 @@ int dsoop_legacy_get_function(DsoopLegacyLibrary* lib, const char* name, DsoopFu
     legacy_function_delete(f);
     return dsoop_error_take_raised(err);
   }
+  // Called as the object would call it (tvm-ffi's ExternCFunctionObjImpl),
+  // without its trampoline; the object owns f.
   out->handle = handle;
-  out->safe_call = ((const TVMFFIFunctionCell*)((char*)handle + sizeof(TVMFFIObject)))->safe_call;
+  out->safe_call = legacy_call;
+  out->self = f;
   return 0;
 }

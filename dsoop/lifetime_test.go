@@ -115,6 +115,47 @@ func TestFuncsOfOneFunctionShareItsObject(t *testing.T) {
 	assert.Equal(t, []float32{2, 3}, out)
 }
 
+// A function its library exports is called through the library's symbol, as
+// TVM's library module calls it behind the function object, so no TVM-FFI code
+// is on the call's path. It computes what the object did, brings back the
+// function's own errors, and works on once its Module is closed: its reference
+// to the object keeps the library loaded.
+func TestExportedFunctionsAreCalledThroughTheirSymbols(t *testing.T) {
+	tests := []struct {
+		name string
+		lib  string
+		fn   string
+	}{
+		{"built by tvm.compile", testLib, "add_one"},
+		{"built with tvm-ffi's C++ macros", ffiLib, "add_int"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := dsoop.Open(copyLibrary(t, tc.lib))
+			require.NoError(t, err)
+			f, err := m.Func(tc.fn)
+			require.NoError(t, err)
+			defer f.Close()
+			require.True(t, dsoop.CallsSymbol(f))
+			require.NoError(t, m.Close())
+			if tc.fn == "add_int" {
+				got, err := f.CallValue(int64(2), int64(3))
+				require.NoError(t, err)
+				assert.Equal(t, int64(5), got)
+				_, err = f.CallValue(int64(1))
+				require.ErrorContains(t, err, "Expected 2 but got 1 arguments", "the function's own check")
+				return
+			}
+			out := make([]float32, 2)
+			require.NoError(t, f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, out)))
+			assert.Equal(t, []float32{2, 3}, out)
+			err = f.Call(mustTensor(t, []float32{1, 2}), mustTensor(t, make([]float32, 3)))
+			var tvmErr *dsoop.Error
+			require.ErrorAs(t, err, &tvmErr, "TVM's argument check, raised in the compiled code")
+		})
+	}
+}
+
 // The kernels keep what they load for the life of the process: later kernels
 // share it, whether the Modules are closed or let go.
 func TestKeptLibraryOutlivesItsModules(t *testing.T) {

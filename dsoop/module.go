@@ -444,6 +444,9 @@ func (e *moduleEntry) lookUp(name string) (fn C.DsoopFunction, found bool, err e
 	case 0:
 		return fn, false, nil
 	case 1:
+		cpath := C.CString(e.sealed.loadPath()) // what TVM's loader opened
+		defer C.free(unsafe.Pointer(cpath))
+		C.dsoop_function_use_symbol(e.handle, cpath, cname, &fn)
 		return fn, true, nil
 	default:
 		return fn, false, takeError(&cerr)

@@ -453,7 +453,8 @@ struct alignas(64) Resolved {
 
   bool SameAs(const Resolved& o) const {
     return lib_path == o.lib_path && where == o.where && target.fn.handle == o.target.fn.handle &&
-           target.fn.safe_call == o.target.fn.safe_call && target.pool == o.target.pool &&
+           target.fn.safe_call == o.target.fn.safe_call && target.fn.self == o.target.fn.self &&
+           target.pool == o.target.pool &&
            target.vm_index == o.target.vm_index && target.arity == o.target.arity;
   }
 };
