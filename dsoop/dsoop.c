@@ -205,18 +205,6 @@ int dsoop_load_extension(const char* path, DsoopError* err) {
   return 0;
 }
 
-// Every call of a TVM function goes through here: one indirect call of the
-// resolved pointer, with the result set to None first as the ABI asks, and left
-// in *result for the caller.
-static int call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t n, TVMFFIAny* result,
-                DsoopError* err) {
-  result->type_index = kTVMFFINone;
-  result->zero_padding = 0;
-  result->v_int64 = 0;
-  if (fn->safe_call(fn->self, args, n, result) != 0) return take_raised_error(err);
-  return 0;
-}
-
 static void release_any(TVMFFIAny* value) {
   if (value->type_index >= kTVMFFIStaticObjectBegin && value->v_obj != NULL) {
     api.object_dec_ref(value->v_obj);
@@ -230,7 +218,7 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
   args[1].type_index = kTVMFFIRawStr;
   args[1].v_c_str = "so";
   TVMFFIAny result;
-  if (call(&api.load_shared_library, args, 2, &result, err) != 0) return -1;
+  if (dsoop_call(&api.load_shared_library, args, 2, &result, err) != 0) return -1;
   if (result.type_index != kTVMFFIModule) {
     release_any(&result);
     return dsoop_error_set(err, "TypeError", "loading %s did not give a module", path);
@@ -249,7 +237,7 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
   args[2].type_index = kTVMFFIBool;
   args[2].v_int64 = 1;  // query imports too
   TVMFFIAny result;
-  if (call(&api.module_get_function, args, 3, &result, err) != 0) return -1;
+  if (dsoop_call(&api.module_get_function, args, 3, &result, err) != 0) return -1;
   if (result.type_index == kTVMFFINone) return 0;
   if (result.type_index != kTVMFFIFunction) {
     release_any(&result);
@@ -269,7 +257,7 @@ static int is_library_module(TVMFFIObjectHandle module) {
   arg.v_obj = module;
   TVMFFIAny kind;
   DsoopError err = {NULL, NULL};
-  if (call(&api.module_get_kind, &arg, 1, &kind, &err) != 0) {
+  if (dsoop_call(&api.module_get_kind, &arg, 1, &kind, &err) != 0) {
     dsoop_error_clear(&err);
     return 0;
   }
@@ -323,7 +311,7 @@ void dsoop_object_release(TVMFFIObjectHandle obj) {
 int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
                         DsoopError* err) {
   TVMFFIAny result;
-  if (call(fn, args, num_args, &result, err) != 0) return -1;
+  if (dsoop_call(fn, args, num_args, &result, err) != 0) return -1;
   release_any(&result);
   return 0;
 }
@@ -338,7 +326,7 @@ static int call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args, int32_
   if (api.env_set_stream(device_type, device_id, stream, &previous) != 0) {
     return take_raised_error(err);
   }
-  const int rc = call(fn, args, num_args, result, err);
+  const int rc = dsoop_call(fn, args, num_args, result, err);
   TVMFFIStreamHandle ignored = NULL;
   if (api.env_set_stream(device_type, device_id, previous, &ignored) != 0) {
     if (rc == 0) {
@@ -367,7 +355,7 @@ int dsoop_function_call_on_stream(const DsoopFunction* fn, const TVMFFIAny* args
 int dsoop_function_call_returning(const DsoopFunction* fn, const TVMFFIAny* args,
                                   int32_t num_args, int32_t device_type, int32_t device_id,
                                   void* stream, TVMFFIAny* result, DsoopError* err) {
-  if (device_type == kDLCPU) return call(fn, args, num_args, result, err);
+  if (device_type == kDLCPU) return dsoop_call(fn, args, num_args, result, err);
   return call_on_stream(fn, args, num_args, device_type, device_id, stream, result, err);
 }
 
@@ -432,7 +420,7 @@ int dsoop_function_call_value(const DsoopFunction* fn, const TVMFFIAny* args, in
                               DsoopValue* out, DsoopError* err) {
   TVMFFIAny result;
   memset(out, 0, sizeof(*out));
-  if (call(fn, args, num_args, &result, err) != 0) return -1;
+  if (dsoop_call(fn, args, num_args, &result, err) != 0) return -1;
   int rc = 0;
   switch (result.type_index) {
     case kTVMFFINone:

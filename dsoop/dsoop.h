@@ -96,6 +96,19 @@ typedef struct {
   void* self;
 } DsoopFunction;
 
+// Every call of a TVM function goes through here: one indirect call of the
+// resolved pointer, with the result set to None first as the ABI asks, and left
+// in *result for the caller. 0, or -1 with err filled. Inline, so that the TF
+// CPU kernel's per-call path is its own code calling the function pointer.
+static inline int dsoop_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t n,
+                             TVMFFIAny* result, DsoopError* err) {
+  result->type_index = kTVMFFINone;
+  result->zero_padding = 0;
+  result->v_int64 = 0;
+  if (fn->safe_call(fn->self, args, n, result) != 0) return dsoop_error_take_raised(err);
+  return 0;
+}
+
 // Loads a shared library as a module through TVM's own loader
 // (ffi.Module.load_from_file.so, whatever the file's name). On success *out holds
 // a new reference to the module object.

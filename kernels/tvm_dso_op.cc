@@ -354,7 +354,7 @@ class CpuPlacement {
   // Calls fn, leaving what it returned in *result.
   int Call(const DsoopFunction& fn, const TVMFFIAny* args, int num_args, TVMFFIAny* result,
            DsoopError* err) {
-    return dsoop_function_call_returning(&fn, args, num_args, kDLCPU, 0, nullptr, result, err);
+    return dsoop_call(&fn, args, num_args, result, err);
   }
 
   void* stream() const { return nullptr; }
@@ -497,7 +497,9 @@ using ManagedPtr = std::unique_ptr<DLManagedTensor, ManagedDeleter>;
 // What a function returned, released when it goes out of scope.
 struct ReturnedValue {
   TVMFFIAny value{kTVMFFINone, 0, {0}};
-  ~ReturnedValue() { dsoop_any_release(&value); }
+  ~ReturnedValue() {
+    if (value.type_index >= kTVMFFIStaticObjectBegin) dsoop_any_release(&value);  // a call only then
+  }
 };
 
 // A TF tensor lent to TVM as a Tensor object, without a copy. TVM holds it, and
@@ -653,15 +655,16 @@ class CallKernel : public OpKernel {
   }
 
  protected:
-  // Calls the function with inputs [0, num_in) and outputs of out_shapes (nullptr:
-  // input 0's shape), with the buffers on the Placement's device (TVM's
-  // destination-passing convention).
+  // Calls the function with inputs [0, num_in) and outputs of out_shapes, one
+  // per output (nullptr: input 0's shape), or none when every output takes input
+  // 0's shape; the callers have checked that there is an input 0 then. The
+  // buffers are on the Placement's device (TVM's destination-passing convention).
   template <typename Placement>
   void Call(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
             absl::Span<const TensorShape* const> out_shapes) {
     const std::string& where = fn.where;
     const DLDevice device = placement.dl_device();
-    const int num_out = static_cast<int>(out_shapes.size());
+    const int num_out = num_outputs_of_function();
     const int num_args = num_in + num_out;
     UninitializedArray<const Tensor*, 8> inputs(num_in);
     int total_rank = 0;
@@ -670,13 +673,9 @@ class CallKernel : public OpKernel {
       total_rank += inputs[i]->dims();
     }
     auto out_shape = [&](int o) -> const TensorShape& {
-      return out_shapes[o] != nullptr ? *out_shapes[o] : inputs[0]->shape();
+      return out_shapes.empty() || out_shapes[o] == nullptr ? inputs[0]->shape() : *out_shapes[o];
     };
-    for (int o = 0; o < num_out; ++o) {
-      OP_REQUIRES(ctx, out_shapes[o] != nullptr || num_in > 0,
-                  errors::Internal(where, ": output ", o, " takes input 0's shape, but there is no input"));
-      total_rank += out_shape(o).dims();
-    }
+    for (int o = 0; o < num_out; ++o) total_rank += out_shape(o).dims();
     UninitializedArray<DLTensor, 8> tensors(num_args);
     UninitializedArray<TVMFFIAny, 8> args(num_args);
     UninitializedArray<int64_t, 32> dims(total_rank);  // the DLTensors' shapes point into it
@@ -1049,6 +1048,10 @@ class TVMDSOOpKernel : public CallKernel {
                 errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
                                         " values for ", num_dynamic_dims_,
                                         " dynamic output dimensions"));
+    if (first_input_shapes_) {  // Module.func's default: no shape to make
+      Call(ctx, placement, *fn, num_in, {});
+      return;
+    }
     // Each output's shape: known since construction, input 0's (nullptr), or
     // completed from output_dims (into `completed`, sized first: shapes point into it).
     const int num_out = num_outputs_of_function();
@@ -1056,32 +1059,28 @@ class TVMDSOOpKernel : public CallKernel {
     absl::InlinedVector<TensorShape, 2> completed;
     if (num_dynamic_dims_ > 0) completed.resize(num_out);
     int next_dynamic = 0;
-    if (first_input_shapes_) {
-      for (int i = 0; i < num_out; ++i) shapes[i] = nullptr;
-    } else {
-      for (int i = 0; i < num_out; ++i) {
-        const OutputShape& planned = output_plan_[i];
-        if (planned.kind == OutputShape::kKnown) {
-          shapes[i] = &planned.known;
-        } else if (planned.kind == OutputShape::kFirstInput) {
-          OP_REQUIRES(ctx, num_in > 0,
-                      errors::InvalidArgument(where, ": output ", i,
-                                              " takes the first input's shape, but there is no input"));
-          shapes[i] = nullptr;
-        } else {
-          const PartialTensorShape& declared = output_shapes_[i];
-          for (int d = 0; d < declared.dims(); ++d) {
-            int64_t size = declared.dim_size(d);
-            if (size < 0) size = dim_values[next_dynamic++];
-            OP_REQUIRES(ctx, size >= 0,
-                        errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
-                                                "; sizes must be >= 0"));
-            const Status added = completed[i].AddDimWithStatus(size);
-            OP_REQUIRES(ctx, added.ok(),
-                        errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
-          }
-          shapes[i] = &completed[i];
+    for (int i = 0; i < num_out; ++i) {
+      const OutputShape& planned = output_plan_[i];
+      if (planned.kind == OutputShape::kKnown) {
+        shapes[i] = &planned.known;
+      } else if (planned.kind == OutputShape::kFirstInput) {
+        OP_REQUIRES(ctx, num_in > 0,
+                    errors::InvalidArgument(where, ": output ", i,
+                                            " takes the first input's shape, but there is no input"));
+        shapes[i] = nullptr;
+      } else {
+        const PartialTensorShape& declared = output_shapes_[i];
+        for (int d = 0; d < declared.dims(); ++d) {
+          int64_t size = declared.dim_size(d);
+          if (size < 0) size = dim_values[next_dynamic++];
+          OP_REQUIRES(ctx, size >= 0,
+                      errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
+                                              "; sizes must be >= 0"));
+          const Status added = completed[i].AddDimWithStatus(size);
+          OP_REQUIRES(ctx, added.ok(),
+                      errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
         }
+        shapes[i] = &completed[i];
       }
     }
     Call(ctx, placement, *fn, num_in, absl::MakeConstSpan(shapes.data(), num_out));
