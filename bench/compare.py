@@ -97,13 +97,6 @@ def per_op(t: Timings, name: str, length: int) -> list[float]:
                                                    strict=True)]
 
 
-def bootstrap_spread(num: list[float], den: list[float], resamples: int = 1000) -> tuple[float, float]:
-    """Quartiles of median(num) / median(den) over rounds drawn again (slopes: too noisy to divide)."""
-    rounds = np.random.default_rng(0).integers(0, len(num), size=(resamples, len(num)))
-    ratios = np.median(np.asarray(num)[rounds], axis=1) / np.median(np.asarray(den)[rounds], axis=1)
-    return quartiles(sorted(ratios.tolist()))
-
-
 def slope_comparison(fns: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix: str, *, length: int = CHAIN,
                      build: Callable[..., UnaryOp] = chain, per: str = "per_op",
                      check_output: Callable[[str, int, tf.Tensor], None] | None = None,
@@ -138,10 +131,8 @@ def overhead(rounds: int, *, fold: bool = False) -> Results:
     if not fold:  # Grappler folds the chain of tf.adds: it has no per-application cost to divide by
         tf_add = per_op(t, "tf_add", CHAIN)
         for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
-            ops = per_op(t, name, CHAIN)
-            num, den = statistics.median(ops), statistics.median(tf_add)
+            num, den = statistics.median(per_op(t, name, CHAIN)), statistics.median(tf_add)
             out[key] = num / den if min(num, den) > 0 else float("nan")  # a slope <= 0 is noise, not a "met"
-            out[f"{key}_q1"], out[f"{key}_q3"] = bootstrap_spread(ops, tf_add)
     out[f"{prefix}rounds"] = rounds
     return out
 

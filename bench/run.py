@@ -27,8 +27,11 @@ from report import KEYS, summary, write_report
 
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in seconds (the bridge compiles
-#: MobileNetV2 twice, 10-60 s each, and times it). "overhead" runs 4x the rounds: a per-op slope is 4% of what it times.
+#: MobileNetV2 twice, 10-60 s each, and times it).
 COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
+#: "overhead" runs in 4 processes, each key their median: a per-op slope (4% of what it times) differs more between
+#: processes (where code and heap land) than between rounds. The per-op ratios' brackets: the lowest and highest.
+OVERHEAD_PROCESSES, PER_OP_RATIOS = 4, ("per_op_ratio_vs_tf_add", "per_op_ratio_vs_tf_add_allocating")
 #: Go benchmarks: package, benchmarks, rounds, and the metric -> key they give (None:
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
 GO_BENCHMARKS = (("./dsoop", "BenchmarkCallOverhead", 9, {"go-ns/call": "go_dsoop_call_ns", "c-ns/call":
@@ -144,10 +147,15 @@ def main(argv: list[str]) -> None:
     results: Results = environment()
     for name, timeout in COMPARISONS.items():
         out, tuning = BUILD_DIR / f"{name}.json", ["--tune", str(args.tune)] if name == "bridge" and args.tune else []
-        n = rounds * 4 if name == "overhead" else rounds  # tuning: minutes per model and batch (4 x 2), ~2 s a trial
-        run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(n), *tuning],
-            f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))
-        results.update(json.loads(out.read_text()))
+        each: list[Results] = []  # tuning: minutes per model and batch (4 x 2), ~2 s a trial
+        for _ in range(OVERHEAD_PROCESSES if name == "overhead" else 1):
+            run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning],
+                f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))
+            each.append(json.loads(out.read_text()))
+        results.update({k: statistics.median(o[k] for o in each) if isinstance(v, float) else v for k, v in each[0].items()})
+        if name == "overhead":
+            results.update({f"{k}_{q}": f(o[k] for o in each) for k in PER_OP_RATIOS for q, f in (("q1", min), ("q3", max))})
+            results["overhead_processes"] = len(each)
     results.update(run_memory(2 if args.quick else 3))
     results.update(run_go_benchmarks())
     if GPU_RESULTS.is_file():  # recorded by make test-gpu on a GPU machine
