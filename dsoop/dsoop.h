@@ -86,10 +86,11 @@ int dsoop_load_extension(const char* path, DsoopError* err);
 
 // A TVM-FFI function with its call resolved once, so a call is one indirect
 // call: safe_call(self, ...). That is the function object's own call (self is
-// the object), or for a function a library exports, the library's symbol that
-// the object wraps, called as TVM's library module calls it (self NULL): see
-// dsoop_function_use_symbol. Holds one reference to the function object, which
-// keeps its library loaded.
+// the object); for a function a library exports, the library's symbol that the
+// object wraps, called as TVM's library module calls it (self NULL: see
+// dsoop_function_use_symbol); for a legacy library's, legacy.c's call with its
+// own self, as the object would call it. Holds one reference to the function
+// object, which keeps its library loaded.
 typedef struct {
   TVMFFIObjectHandle handle;
   TVMFFISafeCallType safe_call;

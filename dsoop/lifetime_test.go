@@ -189,6 +189,6 @@ func TestNativeAccessorsRefuseOtherTypes(t *testing.T) {
 	assert.ErrorContains(t, err, "RetainVMFunc of a *dsoop.Func")
 	assert.ErrorContains(t, native.RetainFunc(struct{}{}, nil), "RetainFunc of a struct {}")
 	require.NoError(t, f.Close())
-	var fn [2]uintptr // a DsoopFunction's room: not written for a closed Func
+	var fn [3]uintptr // a DsoopFunction's room: not written for a closed Func
 	assert.ErrorIs(t, native.RetainFunc(f, unsafe.Pointer(&fn)), dsoop.ErrClosed)
 }

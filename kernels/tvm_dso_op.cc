@@ -665,6 +665,7 @@ class CallKernel : public OpKernel {
     const std::string& where = fn.where;
     const DLDevice device = placement.dl_device();
     const int num_out = num_outputs_of_function();
+    DCHECK(out_shapes.empty() || static_cast<int>(out_shapes.size()) == num_out);
     const int num_args = num_in + num_out;
     UninitializedArray<const Tensor*, 8> inputs(num_in);
     int total_rank = 0;
