@@ -99,7 +99,7 @@ def results_part(r: Results) -> str:
         f"{r['version_python']}, TensorFlow {r['version_tensorflow']}, apache-tvm {r['version_tvm']}, apache-tvm-ffi "
         f"{r['version_tvm_ffi']}, numpy {r['version_numpy']}; commit {r['git_commit']}; {r['large_rounds']} rounds a "
         f"comparison (1: {r['overhead_processes']} processes, each figure their median; brackets of its per-op ratios: "
-        f"their lowest and highest); `make bench` took {cell(r, 'bench_seconds')} s. Other brackets: quartiles over rounds.",
+        f"their lowest and highest); `make bench` took {cell(r, 'bench_seconds')} s. Other brackets: quartiles over rounds (1's: their medians).",
         table(["key", "what it divides", "median [IQR]", "goal", "met"],
               [[f"`{k}`", what, f"**{cell(r, k)}**", *goal(r, k)] for k, what in headline(r)]),
         "![TVMDSOOp benchmarks](benchmarks.png)",

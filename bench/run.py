@@ -15,11 +15,12 @@ import importlib.metadata
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR, PLOT,
                     RESULTS, ROOT, VM_DIRECT, Results)
@@ -30,7 +31,7 @@ from report import KEYS, summary, write_report
 #: MobileNetV2 twice, 10-60 s each, and times it).
 COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
 #: "overhead" runs in 4 processes, each key their median: a per-op slope (4% of what it times) differs more between
-#: processes (where code and heap land) than between rounds. The per-op ratios' brackets: the lowest and highest.
+#: processes (where code and heap land) than between rounds. Per-op ratio brackets: lowest, highest; NaN stays NaN.
 OVERHEAD_PROCESSES, PER_OP_RATIOS = 4, ("per_op_ratio_vs_tf_add", "per_op_ratio_vs_tf_add_allocating")
 #: Go benchmarks: package, benchmarks, rounds, and the metric -> key they give (None:
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
@@ -81,7 +82,7 @@ def run_memory(repeats: int) -> Results:
             stdout = run([str(BENCH_DIR / "compare.py"), "memory", mode], f"memory {mode}", timeout=120)
             values.append(json.loads(stdout.strip().splitlines()[-1])["maxrss_kib"] / 1024)
     out: Results = {"memory_repeats": repeats, "memory_output_mib": MEMORY_SIZE * 4 / 2**20,
-                    **{f"memory_{mode}_mib": statistics.median(values) for mode, values in peaks.items()}}
+                    **{f"memory_{mode}_mib": float(np.median(values)) for mode, values in peaks.items()}}
     for mode in ("tvmdsoop", "tf_add"):
         out[f"memory_{mode}_extra_mib"] = float(out[f"memory_{mode}_mib"]) - float(out["memory_baseline_mib"])
     out["peak_rss_ratio_vs_tf_add"] = float(out["memory_tvmdsoop_extra_mib"]) / float(out["memory_tf_add_extra_mib"])
@@ -122,8 +123,7 @@ def environment() -> Results:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu_count": os.cpu_count() or 0,
         "cpu_model": cpu[0] if cpu else platform.processor(), "platform": platform.platform(),
         "git_commit": git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else ""),
-        "version_python": platform.python_version(),
-        "version_tensorflow": version("tensorflow-cpu") or version("tensorflow"),
+        "version_python": platform.python_version(), "version_tensorflow": version("tensorflow-cpu") or version("tensorflow"),
         **{f"version_{d.removeprefix('apache-').replace('-', '_')}": version(d)
            for d in ("apache-tvm", "apache-tvm-ffi", "numpy", "matplotlib")},
     }
@@ -152,9 +152,9 @@ def main(argv: list[str]) -> None:
             run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning],
                 f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))
             each.append(json.loads(out.read_text()))
-        results.update({k: statistics.median(o[k] for o in each) if isinstance(v, float) else v for k, v in each[0].items()})
+        results.update({k: float(np.median([o[k] for o in each])) if isinstance(v, float) else v for k, v in each[0].items()})
         if name == "overhead":
-            results.update({f"{k}_{q}": f(o[k] for o in each) for k in PER_OP_RATIOS for q, f in (("q1", min), ("q3", max))})
+            results.update({f"{k}_{q}": float(f([o[k] for o in each])) for k in PER_OP_RATIOS for q, f in (("q1", np.min), ("q3", np.max))})
             results["overhead_processes"] = len(each)
     results.update(run_memory(2 if args.quick else 3))
     results.update(run_go_benchmarks())
