@@ -255,22 +255,16 @@ static int is_library_module(TVMFFIObjectHandle module) {
   TVMFFIAny arg = {0};
   arg.type_index = kTVMFFIModule;
   arg.v_obj = module;
-  TVMFFIAny kind;
+  DsoopValue kind;
   DsoopError err = {NULL, NULL};
-  if (dsoop_call(&api.module_get_kind, &arg, 1, &kind, &err) != 0) {
+  if (dsoop_function_call_value(&api.module_get_kind, &arg, 1, &kind, &err) != 0) {
     dsoop_error_clear(&err);
     return 0;
   }
   static const char library[] = "library";
-  const size_t n = sizeof(library) - 1;
-  int is = 0;
-  if (kind.type_index == kTVMFFISmallStr) {
-    is = kind.small_str_len == n && memcmp(kind.v_bytes, library, n) == 0;
-  } else if (kind.type_index == kTVMFFIStr) {
-    const TVMFFIByteArray* bytes = (const TVMFFIByteArray*)object_cell(kind.v_obj);
-    is = bytes->size == n && memcmp(bytes->data, library, n) == 0;
-  }
-  release_any(&kind);
+  const int is = kind.type_index == kTVMFFIStr && kind.v_str != NULL &&
+                 kind.str_len == sizeof(library) - 1 && memcmp(kind.v_str, library, kind.str_len) == 0;
+  free(kind.v_str);
   return is;
 }
 
