@@ -6,7 +6,7 @@
 // TVM modules it loads (TensorFlow loads op libraries RTLD_LOCAL).
 //
 // Everything here is plain C with no Go call, so the per-call path
-// (dsoop_function_call) is a direct call of the TVM function pointer. Nothing here
+// (dsoop_call) is a direct call of the TVM function pointer. Nothing here
 // aborts: failures come back as a DsoopError.
 #ifndef TVMDSOOP_DSOOP_H_
 #define TVMDSOOP_DSOOP_H_
@@ -125,7 +125,7 @@ int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, Dsoop
 // module TVM's loader made of the shared library loaded from path and that
 // library exports the symbol: TVM's module calls the same symbol, with the same
 // arguments, through a trampoline and a lambda of its own. The per-call path of
-// the TF kernels then runs no TVM-FFI code. Returns 1 when fn calls the symbol,
+// the TF kernels then runs no TVM-FFI trampoline. Returns 1 when fn calls the symbol,
 // 0 when it is left as it was (any other module, or no such symbol).
 int dsoop_function_use_symbol(TVMFFIObjectHandle module, const char* path, const char* name,
                               DsoopFunction* fn);
@@ -140,7 +140,7 @@ void dsoop_object_retain(TVMFFIObjectHandle obj);
 void dsoop_object_release(TVMFFIObjectHandle obj);
 
 // Calls fn with packed arguments. Any returned object is released. 0 on success,
-// -1 with err filled on failure. This is the per-call path of the TF kernels.
+// -1 with err filled on failure. The per-call path of the Go binding (goapi.c).
 int dsoop_function_call(const DsoopFunction* fn, const TVMFFIAny* args, int32_t num_args,
                         DsoopError* err);
 

@@ -116,8 +116,8 @@ func TestFuncsOfOneFunctionShareItsObject(t *testing.T) {
 }
 
 // A function its library exports is called through the library's symbol, as
-// TVM's library module calls it behind the function object, so no TVM-FFI code
-// is on the call's path. It computes what the object did, brings back the
+// TVM's library module calls it behind the function object, so no TVM-FFI
+// trampoline is on the call's path. It computes what the object did, brings back the
 // function's own errors, and works on once its Module is closed: its reference
 // to the object keeps the library loaded.
 func TestExportedFunctionsAreCalledThroughTheirSymbols(t *testing.T) {

@@ -454,8 +454,8 @@ struct alignas(64) Resolved {
   bool SameAs(const Resolved& o) const {
     return lib_path == o.lib_path && where == o.where && target.fn.handle == o.target.fn.handle &&
            target.fn.safe_call == o.target.fn.safe_call && target.fn.self == o.target.fn.self &&
-           target.pool == o.target.pool &&
-           target.vm_index == o.target.vm_index && target.arity == o.target.arity;
+           target.pool == o.target.pool && target.vm_index == o.target.vm_index &&
+           target.arity == o.target.arity;
   }
 };
 
@@ -665,7 +665,9 @@ class CallKernel : public OpKernel {
     const std::string& where = fn.where;
     const DLDevice device = placement.dl_device();
     const int num_out = num_outputs_of_function();
-    DCHECK(out_shapes.empty() || static_cast<int>(out_shapes.size()) == num_out);
+    OP_REQUIRES(ctx, out_shapes.empty() || static_cast<int>(out_shapes.size()) == num_out,
+                errors::Internal(where, ": ", out_shapes.size(), " output shapes for ", num_out,
+                                 " outputs"));
     const int num_args = num_in + num_out;
     UninitializedArray<const Tensor*, 8> inputs(num_in);
     int total_rank = 0;
