@@ -14,7 +14,8 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime"
+	"reflect"
+	"sync"
 	"unsafe"
 
 	tf "github.com/wamuir/graft/tensorflow"
@@ -23,66 +24,70 @@ import (
 // graftTensor is the layout of graft's Tensor at the version go.mod pins
 // (v0.10.0): the C tensor it owns, then its shape. graft frees the C tensor only
 // in a finalizer and exports no way to do it sooner, so Release reaches it
-// through this layout. Release refuses a Tensor of another size, and checks the
-// type and shape it reads against graft's own before freeing anything.
+// through this layout, once graftLayoutKnown has checked it field by field.
 type graftTensor struct {
 	c     *C.TF_Tensor
 	shape []int64
 }
 
-var errLayout = errors.New("graft's Tensor is not laid out as tfbridge expects (go.mod pins graft v0.10.0)")
+// graftLayoutKnown reports whether graft's Tensor is laid out as graftTensor: a
+// module that requires a newer graft may get another layout.
+var graftLayoutKnown = sync.OnceValue(func() bool {
+	want, got := reflect.TypeFor[graftTensor](), reflect.TypeFor[tf.Tensor]()
+	if got.Size() != want.Size() || got.NumField() != want.NumField() {
+		return false
+	}
+	for i := range want.NumField() {
+		w, g := want.Field(i), got.Field(i)
+		if g.Name != w.Name || g.Offset != w.Offset || g.Type.Kind() != w.Type.Kind() || g.Type.Size() != w.Type.Size() {
+			return false
+		}
+	}
+	c := got.Field(0).Type
+	return c.Elem().Name() == want.Field(0).Type.Elem().Name() && got.Field(1).Type == want.Field(1).Type
+})
 
-// Release frees the memory of tensors now, as their finalizers would once Go's
-// collector found them unreachable, and leaves each an empty tensor of its type
-// (shape [0]), so that a later use reads no freed memory. Call it on a
-// Session.Run's outputs once they have been read.
+// Release drops each tensor's hold on its C memory now, as its finalizer would
+// once Go's collector found it unreachable, and leaves the tensor empty: shape
+// [0], its type kept (a scalar's Value becomes an empty slice). The memory is
+// freed unless TF still holds it elsewhere (a constant of the graph, a fed
+// input). Call it on a Session.Run's outputs once they have been read, and only
+// when nothing else uses them: not while another goroutine reads, feeds or
+// releases the same tensor.
 //
-// Why: Go's collector does not see the memory a TF tensor holds in C. A server
-// whose requests fetch large outputs allocates little Go memory per request and
-// so collects rarely: hundreds of outputs wait for their finalizers, and each
-// new output is fresh memory that the op writing it must fault in page by page:
-// 256 page faults a request for a 512x512 float32 output (docs/serving.md).
+// Go's collector does not see the C memory a tensor holds; a server that writes
+// its responses out allocates little Go memory and so collects rarely, and every
+// output left to it is fresh memory for the op to fault in (docs/go.md).
+//
+// Every tensor is released that can be; the error names those that could not.
+// A nil tensor is skipped.
 func Release(tensors ...*tf.Tensor) error {
+	if !graftLayoutKnown() {
+		return errors.New("tfbridge: Release: graft's Tensor is not laid out as graft v0.10.0's, which tfbridge knows")
+	}
+	var errs []error
 	for i, t := range tensors {
 		if t == nil {
 			continue
 		}
-		if err := release(t); err != nil {
-			return fmt.Errorf("tfbridge: Release: tensor %d: %w", i, err)
+		if err := release((*graftTensor)(unsafe.Pointer(t))); err != nil {
+			errs = append(errs, fmt.Errorf("tfbridge: Release: tensor %d: %w", i, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-func release(t *tf.Tensor) error {
-	if unsafe.Sizeof(*t) != unsafe.Sizeof(graftTensor{}) {
-		return errLayout
+// release swaps t's C tensor for an empty one of its type and deletes the old
+// one; t's finalizer deletes whichever it holds when it runs.
+func release(t *graftTensor) error {
+	if t.c == nil {
+		return errors.New("not a tensor made by graft (it holds no C tensor)")
 	}
-	g := (*graftTensor)(unsafe.Pointer(t))
-	if g.c == nil || !sameShape(g.c, t.Shape()) || tf.DataType(C.TF_TensorType(g.c)) != t.DataType() {
-		return errLayout
-	}
-	empty := C.tfbridge_empty_tensor(C.TF_TensorType(g.c))
+	empty := C.tfbridge_empty_tensor(C.TF_TensorType(t.c))
 	if empty == nil {
 		return errors.New("cannot allocate an empty tensor")
 	}
-	// t's finalizer deletes whatever C tensor t holds when t goes: from now on,
-	// the empty one.
-	C.TF_DeleteTensor(g.c)
-	g.c, g.shape = empty, []int64{0}
-	runtime.KeepAlive(t)
+	C.TF_DeleteTensor(t.c)
+	t.c, t.shape = empty, []int64{0}
 	return nil
-}
-
-// sameShape reports whether the C tensor c has the dimensions shape.
-func sameShape(c *C.TF_Tensor, shape []int64) bool {
-	if int(C.TF_NumDims(c)) != len(shape) {
-		return false
-	}
-	for i, d := range shape {
-		if int64(C.TF_Dim(c, C.int(i))) != d {
-			return false
-		}
-	}
-	return true
 }

@@ -3,8 +3,10 @@ package tfbridge_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
-	"runtime"
+	"reflect"
+	"runtime/debug"
 	"syscall"
 	"testing"
 
@@ -25,6 +27,7 @@ func TestReleaseLeavesAnEmptyTensor(t *testing.T) {
 		{"float32 matrix", [][]float32{{1, 2}, {3, 4}}, []float32{}},
 		{"int64 scalar", int64(7), []int64{}},
 		{"strings", []string{"a", "bc"}, []string{}},
+		{"a zero-length dimension", [][]float64{{}, {}}, []float64{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -40,14 +43,65 @@ func TestReleaseLeavesAnEmptyTensor(t *testing.T) {
 		})
 	}
 	require.NoError(t, tfbridge.Release(nil), "nil tensors are skipped")
-	runtime.GC() // the finalizers now delete the empty tensors: nothing is freed twice
-	runtime.GC()
+	assert.ErrorContains(t, tfbridge.Release(&tf.Tensor{}), "tensor 0: not a tensor made by graft")
+
+	// A released tensor fed to a session is an empty input, not freed memory.
+	s := op.NewScope()
+	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(-1)))
+	y := mustFunc(t, "add_one").Call(s, x)[0]
+	input, err := tf.NewTensor([]float32{1, 2, 3})
+	require.NoError(t, err)
+	require.NoError(t, tfbridge.Release(input))
+	graph, err := s.Finalize()
+	require.NoError(t, err)
+	session, err := tf.NewSession(graph, nil)
+	require.NoError(t, err)
+	defer session.Close()
+	out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, []tf.Output{y}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []float32{}, out[0].Value())
+}
+
+// Outputs released by concurrent callers, each its own.
+func TestReleaseFromConcurrentCallers(t *testing.T) {
+	s := op.NewScope()
+	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(-1)))
+	y := mustFunc(t, "add_one").Call(s, x)[0]
+	graph, err := s.Finalize()
+	require.NoError(t, err)
+	session, err := tf.NewSession(graph, nil)
+	require.NoError(t, err)
+	defer session.Close()
+	input, err := tf.NewTensor([]float32{1, 2, 3})
+	require.NoError(t, err)
+	errs := make(chan error, 8)
+	for range cap(errs) {
+		go func() {
+			for range 50 {
+				out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, []tf.Output{y}, nil)
+				if err == nil && !reflect.DeepEqual(out[0].Value(), []float32{2, 3, 4}) {
+					err = fmt.Errorf("got %v", out[0].Value())
+				}
+				if err == nil {
+					err = tfbridge.Release(out...)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range cap(errs) {
+		require.NoError(t, <-errs)
+	}
 }
 
 // A session serving add_one on 1 MiB of float32, its outputs released once read,
 // writes each into memory an earlier output used: no fresh pages to fault in.
-// Outputs left to Go's collector are fresh memory every run (256 pages): the
-// collector runs only as the Go heap grows, and these runs allocate little of it.
+// Outputs left to Go's collector are fresh memory every run (256 pages) until it
+// runs, which it does only as the Go heap grows: here, with it off, never.
 func TestReleasedOutputsAreReusedWarm(t *testing.T) {
 	const elements = 1 << 18
 	s := op.NewScope()
@@ -89,6 +143,8 @@ func TestReleasedOutputsAreReusedWarm(t *testing.T) {
 		require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &after))
 		return float64(after.Minflt-before.Minflt) / float64(runs)
 	}
+	// With the collector off, only Release can give an output's memory back.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	serve(20, true) // warm: TF's allocator, the kernel
 	released := serve(100, true)
 	collected := serve(100, false)

@@ -36,7 +36,7 @@ var modelBatches = []int{1, 32}
 const servedFor = 200 * time.Millisecond
 
 // servedRounds is the least number of rounds: with 5, medians of the matmul's
-// ratio at 8 callers ranged 0.89-0.98 over runs of the same code; with 9, 0.90-0.95.
+// ratio at 8 callers ranged 0.89-0.98 over runs of the same code; with 9, 0.90-0.97.
 const servedRounds = 9
 
 // request serves one request; a contender makes one per caller (its own
