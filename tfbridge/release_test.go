@@ -46,17 +46,10 @@ func TestReleaseLeavesAnEmptyTensor(t *testing.T) {
 	assert.ErrorContains(t, tfbridge.Release(&tf.Tensor{}), "tensor 0: not a tensor made by graft")
 
 	// A released tensor fed to a session is an empty input, not freed memory.
-	s := op.NewScope()
-	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(-1)))
-	y := mustFunc(t, "add_one").Call(s, x)[0]
+	session, x, y := addOneSession(t, -1)
 	input, err := tf.NewTensor([]float32{1, 2, 3})
 	require.NoError(t, err)
 	require.NoError(t, tfbridge.Release(input))
-	graph, err := s.Finalize()
-	require.NoError(t, err)
-	session, err := tf.NewSession(graph, nil)
-	require.NoError(t, err)
-	defer session.Close()
 	out, err := session.Run(map[tf.Output]*tf.Tensor{x: input}, []tf.Output{y}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []float32{}, out[0].Value())
@@ -64,14 +57,7 @@ func TestReleaseLeavesAnEmptyTensor(t *testing.T) {
 
 // Outputs released by concurrent callers, each its own.
 func TestReleaseFromConcurrentCallers(t *testing.T) {
-	s := op.NewScope()
-	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(-1)))
-	y := mustFunc(t, "add_one").Call(s, x)[0]
-	graph, err := s.Finalize()
-	require.NoError(t, err)
-	session, err := tf.NewSession(graph, nil)
-	require.NoError(t, err)
-	defer session.Close()
+	session, x, y := addOneSession(t, -1)
 	input, err := tf.NewTensor([]float32{1, 2, 3})
 	require.NoError(t, err)
 	errs := make(chan error, 8)
@@ -104,14 +90,7 @@ func TestReleaseFromConcurrentCallers(t *testing.T) {
 // runs, which it does only as the Go heap grows: here, with it off, never.
 func TestReleasedOutputsAreReusedWarm(t *testing.T) {
 	const elements = 1 << 18
-	s := op.NewScope()
-	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(elements)))
-	y := mustFunc(t, "add_one").Call(s, x)[0]
-	graph, err := s.Finalize()
-	require.NoError(t, err)
-	session, err := tf.NewSession(graph, nil)
-	require.NoError(t, err)
-	defer session.Close()
+	session, x, y := addOneSession(t, elements)
 	values := make([]float32, elements)
 	for i := range values {
 		values[i] = float32(i % 1000)
@@ -151,4 +130,19 @@ func TestReleasedOutputsAreReusedWarm(t *testing.T) {
 	t.Logf("minor page faults per run: %.1f with Release, %.1f left to the collector", released, collected)
 	assert.Less(t, released, 16.0, "released outputs' memory is reused")
 	assert.Greater(t, collected, 128.0, "the comparison: outputs left to the collector take fresh pages")
+}
+
+// addOneSession is a session running add_one on a float32 vector of size
+// (-1: any), closed when t ends; it gives the session, its input and its output.
+func addOneSession(t *testing.T, size int64) (*tf.Session, tf.Output, tf.Output) {
+	t.Helper()
+	s := op.NewScope()
+	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(size)))
+	y := mustFunc(t, "add_one").Call(s, x)[0]
+	graph, err := s.Finalize()
+	require.NoError(t, err)
+	session, err := tf.NewSession(graph, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { session.Close() })
+	return session, x, y
 }
