@@ -139,10 +139,5 @@ func addOneSession(t *testing.T, size int64) (*tf.Session, tf.Output, tf.Output)
 	s := op.NewScope()
 	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(size)))
 	y := mustFunc(t, "add_one").Call(s, x)[0]
-	graph, err := s.Finalize()
-	require.NoError(t, err)
-	session, err := tf.NewSession(graph, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { session.Close() })
-	return session, x, y
+	return newSession(t, s), x, y
 }

@@ -159,14 +159,14 @@ func floorRequest(b *testing.B, input *tf.Tensor) func() request {
 	return sessionRequest(newSession(b, s), x, input, y)
 }
 
-// newSession is a session on the graph s built, closed when b ends.
-func newSession(b *testing.B, s *op.Scope) *tf.Session {
-	b.Helper()
+// newSession is a session on the graph s built, closed when tb ends.
+func newSession(tb testing.TB, s *op.Scope) *tf.Session {
+	tb.Helper()
 	graph, err := s.Finalize()
-	require.NoError(b, err)
+	require.NoError(tb, err)
 	session, err := tf.NewSession(graph, nil)
-	require.NoError(b, err)
-	b.Cleanup(func() { session.Close() })
+	require.NoError(tb, err)
+	tb.Cleanup(func() { session.Close() })
 	return session
 }
 
