@@ -123,6 +123,27 @@ bool IsAligned(const void* p, int64_t alignment) {
   return (reinterpret_cast<uintptr_t>(p) & (static_cast<uintptr_t>(alignment) - 1)) == 0;
 }
 
+// Fails a call with the status that make_status builds. Cold and out of line, as
+// each instance is, so that building an error message (a StrCat of many pieces)
+// stays off the cache lines that the per-call path runs from. A graph of many
+// small ops runs that path from the L1 instruction cache, beside TF's executor:
+// with the messages inline, an add-one on one element missed it ~16 times a
+// call, tf.add about once (callgrind; docs/benchmarks.md, per-op cost).
+template <typename MakeStatus>
+ABSL_ATTRIBUTE_COLD ABSL_ATTRIBUTE_NOINLINE void FailCall(OpKernelContext* ctx, const char* file,
+                                                           int line, MakeStatus make_status) {
+  ctx->CtxFailure(file, line, make_status());
+}
+
+// OP_REQUIRES for the per-call paths: the same check, its failure in FailCall.
+#define CALL_REQUIRES(ctx, condition, status)                                      \
+  do {                                                                             \
+    if (ABSL_PREDICT_FALSE(!(condition))) {                                        \
+      FailCall((ctx), __FILE__, __LINE__, [&]() -> Status { return (status); });   \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+
 Status AllocateAligned(size_t size, int64_t alignment, AlignedBuffer* out) {
   const size_t a = static_cast<size_t>(alignment);
   const size_t rounded = (size + a - 1) / a * a;  // aligned_alloc wants a multiple
@@ -665,9 +686,9 @@ class CallKernel : public OpKernel {
     const std::string& where = fn.where;
     const DLDevice device = placement.dl_device();
     const int num_out = num_outputs_of_function();
-    OP_REQUIRES(ctx, out_shapes.empty() || static_cast<int>(out_shapes.size()) == num_out,
-                errors::Internal(where, ": ", out_shapes.size(), " output shapes for ", num_out,
-                                 " outputs"));
+    CALL_REQUIRES(ctx, out_shapes.empty() || static_cast<int>(out_shapes.size()) == num_out,
+                  errors::Internal(where, ": ", out_shapes.size(), " output shapes for ", num_out,
+                                   " outputs"));
     const int num_args = num_in + num_out;
     UninitializedArray<const Tensor*, 8> inputs(num_in);
     int total_rank = 0;
@@ -696,27 +717,27 @@ class CallKernel : public OpKernel {
         const int reuse = args_[i].reuse;
         if (reuse < 0 || !ctx->forward_input_to_output_with_shape(reuse, o, out_shape(o), &out)) {
           const Status allocated = placement.AllocateOutput(ctx, o, out_shape(o), output_pool_, &out);
-          OP_REQUIRES(ctx, allocated.ok(),
-                      Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
-                                                            out_shape(o).DebugString(), ": ",
-                                                            allocated.message())));
+          CALL_REQUIRES(ctx, allocated.ok(),
+                        Status(allocated.code(), absl::StrCat(where, ": ", ArgName(i, num_in), " of shape ",
+                                                              out_shape(o).DebugString(), ": ",
+                                                              allocated.message())));
         }
       }
       const Tensor& t = is_input ? *inputs[i] : *out;
       DLTensor& dl = tensors[i];
       dl.dtype = args_[i].dtype;
-      OP_REQUIRES(ctx, dl.dtype.lanes != 0,
-                  errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
-                                          tensorflow::DataTypeString(t.dtype()),
-                                          ", which DLPack cannot describe"));
+      CALL_REQUIRES(ctx, dl.dtype.lanes != 0,
+                    errors::InvalidArgument(where, ": ", ArgName(i, num_in), " has dtype ",
+                                            tensorflow::DataTypeString(t.dtype()),
+                                            ", which DLPack cannot describe"));
       char* data = static_cast<char*>(t.data());
       if (t.NumElements() > 0 && !IsAligned(data, alignment_)) {
         const size_t size = t.TotalBytes();
         char* aligned = nullptr;
         const Status got = placement.Scratch(ctx, size, alignment_, &aligned);
-        OP_REQUIRES(ctx, got.ok(),
-                    Status(got.code(), absl::StrCat(where, ": ", ArgName(i, num_in), ": ",
-                                                    got.message())));
+        CALL_REQUIRES(ctx, got.ok(),
+                      Status(got.code(), absl::StrCat(where, ": ", ArgName(i, num_in), ": ",
+                                                      got.message())));
         if (is_input) {
           OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
         } else {
@@ -742,20 +763,22 @@ class CallKernel : public OpKernel {
 
     DsoopError err = {nullptr, nullptr};
     ReturnedValue result;
-    if (placement.Call(fn.target.fn, args.data(), num_args, &result.value, &err) != 0) {
-      ctx->SetStatus(Status(CodeForTVMError(err.kind),
-                            absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
-                                         err.message ? err.message : "", "\n  TVMDSOOp passed ",
-                                         DescribeArgs(absl::MakeConstSpan(tensors.data(), num_args), num_in))));
+    if (ABSL_PREDICT_FALSE(placement.Call(fn.target.fn, args.data(), num_args, &result.value, &err) != 0)) {
+      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
+        return Status(CodeForTVMError(err.kind),
+                      absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
+                                   err.message ? err.message : "", "\n  TVMDSOOp passed ",
+                                   DescribeArgs(absl::MakeConstSpan(tensors.data(), num_args), num_in)));
+      });
       dsoop_error_clear(&err);
       return;
     }
     // A value would be dropped, and the outputs it stands for never written.
-    OP_REQUIRES(ctx, result.value.type_index == kTVMFFINone,
-                errors::InvalidArgument(where, ": the function returned a value (TVM-FFI type index ",
-                                        result.value.type_index,
-                                        ") where it should write its outputs and return nothing; "
-                                        "a function that returns its outputs is made with returns=True"));
+    CALL_REQUIRES(ctx, result.value.type_index == kTVMFFINone,
+                  errors::InvalidArgument(where, ": the function returned a value (TVM-FFI type index ",
+                                          result.value.type_index,
+                                          ") where it should write its outputs and return nothing; "
+                                          "a function that returns its outputs is made with returns=True"));
     for (const auto& [out, buffer] : copy_back) {
       OP_REQUIRES_OK(ctx, placement.Copy(const_cast<char*>(out->tensor_data().data()), buffer,
                                          out->TotalBytes()));
@@ -772,9 +795,9 @@ class CallKernel : public OpKernel {
                      absl::Span<const PartialTensorShape> declared) {
     const std::string& where = fn.where;
     const TvmdsoopTarget& target = fn.target;
-    OP_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
-                errors::InvalidArgument(where, ": the model's function takes ", target.arity,
-                                        " input(s), got ", num_in));
+    CALL_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
+                  errors::InvalidArgument(where, ": the model's function takes ", target.arity,
+                                          " input(s), got ", num_in));
     const DLDevice device = placement.dl_device();
     absl::InlinedVector<ObjectPtr, 8> inputs;
     absl::InlinedVector<TVMFFIAny, 8> args(num_in);
@@ -783,10 +806,10 @@ class CallKernel : public OpKernel {
       const Tensor& t = ctx->input(i);
       auto lent = std::make_unique<LentTensor>();
       DLTensor& dl = lent->managed.dl_tensor;
-      OP_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
-                  errors::InvalidArgument(where, ": input ", i, " has dtype ",
-                                          tensorflow::DataTypeString(t.dtype()),
-                                          ", which DLPack cannot describe"));
+      CALL_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
+                    errors::InvalidArgument(where, ": input ", i, " has dtype ",
+                                            tensorflow::DataTypeString(t.dtype()),
+                                            ", which DLPack cannot describe"));
       lent->keep = t;
       char* data = const_cast<char*>(t.tensor_data().data());
       const size_t size = t.TotalBytes();
@@ -809,8 +832,10 @@ class CallKernel : public OpKernel {
       lent->managed.manager_ctx = lent.get();
       lent->managed.deleter = LentTensor::Delete;
       TVMFFIObjectHandle handle = nullptr;
-      if (dsoop_tensor_from_dlpack(&lent->managed, &handle, &err) != 0) {
-        ctx->SetStatus(errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
+      if (ABSL_PREDICT_FALSE(dsoop_tensor_from_dlpack(&lent->managed, &handle, &err) != 0)) {
+        FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
+          return errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : "");
+        });
         dsoop_error_clear(&err);
         return;
       }
@@ -825,10 +850,12 @@ class CallKernel : public OpKernel {
     const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
                                                  placement.stream(), &result.value, &err)
                                  : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
-    if (rc != 0) {
-      ctx->SetStatus(Status(CodeForTVMError(err.kind),
-                            absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
-                                         err.message ? err.message : "")));
+    if (ABSL_PREDICT_FALSE(rc != 0)) {
+      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
+        return Status(CodeForTVMError(err.kind),
+                      absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
+                                   err.message ? err.message : ""));
+      });
       dsoop_error_clear(&err);
       return;
     }
@@ -839,18 +866,22 @@ class CallKernel : public OpKernel {
     const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
     absl::InlinedVector<ObjectPtr, 4> outputs;
     for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
-    if (count < 0) {
-      ctx->SetStatus(errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
+    if (ABSL_PREDICT_FALSE(count < 0)) {
+      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
+        return errors::InvalidArgument(where, ": ", err.message ? err.message : "");
+      });
       dsoop_error_clear(&err);
       return;
     }
-    OP_REQUIRES(ctx, count == num_out,
-                errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
-                                        num_out, " output(s) (output_shapes/output_dtypes)"));
+    CALL_REQUIRES(ctx, count == num_out,
+                  errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
+                                          num_out, " output(s) (output_shapes/output_dtypes)"));
     for (int i = 0; i < num_out; ++i) {
       DLManagedTensor* view = nullptr;
-      if (dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err) != 0) {
-        ctx->SetStatus(errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
+      if (ABSL_PREDICT_FALSE(dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err) != 0)) {
+        FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
+          return errors::Internal(where, ": output ", i, ": ", err.message ? err.message : "");
+        });
         dsoop_error_clear(&err);
         return;
       }
@@ -1010,11 +1041,11 @@ class TVMDSOOpKernel : public CallKernel {
     // A vector names the libraries of the function's gradient after its own:
     // they ride along so that SavedModels carry them; only the first is called.
     const Tensor& library = ctx->input(num_in + num_dims_parts_);
-    OP_REQUIRES(ctx, library.dims() == 0 || (library.dims() == 1 && library.NumElements() > 0),
-                errors::InvalidArgument(type_string(), ": function '", func_name(),
-                                        "': library must be a scalar string (or a vector whose "
-                                        "first element is the library), got shape ",
-                                        library.shape().DebugString()));
+    CALL_REQUIRES(ctx, library.dims() == 0 || (library.dims() == 1 && library.NumElements() > 0),
+                  errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                          "': library must be a scalar string (or a vector whose "
+                                          "first element is the library), got shape ",
+                                          library.shape().DebugString()));
     // The op's def makes library a string tensor: its first element, without
     // flat<>()'s dtype check (a call into TF on every run).
     const tensorflow::tstring& lib_path = *static_cast<const tensorflow::tstring*>(library.data());
@@ -1028,29 +1059,29 @@ class TVMDSOOpKernel : public CallKernel {
     absl::InlinedVector<int64_t, 8> dim_values;
     for (int k = 0; k < num_dims_parts_; ++k) {
       const Tensor& part = ctx->input(num_in + k);
-      OP_REQUIRES(ctx, part.dims() <= 1,
-                  errors::InvalidArgument(where, ": output_dims ", k,
-                                          " must be a scalar or a vector, got shape ",
-                                          part.shape().DebugString()));
+      CALL_REQUIRES(ctx, part.dims() <= 1,
+                    errors::InvalidArgument(where, ": output_dims ", k,
+                                            " must be a scalar or a vector, got shape ",
+                                            part.shape().DebugString()));
       const auto values = part.flat<int64_t>();
       dim_values.insert(dim_values.end(), values.data(), values.data() + values.size());
     }
     if (fn->is_model() || returns_) {
-      OP_REQUIRES(ctx, !has_inplace_,
-                  errors::InvalidArgument(where, ": returns its outputs, so no output can be "
-                                          "written over an input (inplace must name no input)"));
+      CALL_REQUIRES(ctx, !has_inplace_,
+                    errors::InvalidArgument(where, ": returns its outputs, so no output can be "
+                                            "written over an input (inplace must name no input)"));
       // Sizes a returning function's outputs have are what it returns: there
       // are none to give, and a -1 in output_shapes is a dimension not checked.
-      OP_REQUIRES(ctx, dim_values.empty(),
-                  errors::InvalidArgument(where, ": returns its outputs, so output_dims must be "
-                                          "empty, got ", dim_values.size(), " value(s)"));
+      CALL_REQUIRES(ctx, dim_values.empty(),
+                    errors::InvalidArgument(where, ": returns its outputs, so output_dims must be "
+                                            "empty, got ", dim_values.size(), " value(s)"));
       CallReturning(ctx, placement, *fn, num_in, output_shapes_);
       return;
     }
-    OP_REQUIRES(ctx, dim_values.size() == static_cast<size_t>(num_dynamic_dims_),
-                errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
-                                        " values for ", num_dynamic_dims_,
-                                        " dynamic output dimensions"));
+    CALL_REQUIRES(ctx, dim_values.size() == static_cast<size_t>(num_dynamic_dims_),
+                  errors::InvalidArgument(where, ": output_dims holds ", dim_values.size(),
+                                          " values for ", num_dynamic_dims_,
+                                          " dynamic output dimensions"));
     if (first_input_shapes_) {  // Module.func's default: no shape to make
       Call(ctx, placement, *fn, num_in, {});
       return;
@@ -1067,21 +1098,21 @@ class TVMDSOOpKernel : public CallKernel {
       if (planned.kind == OutputShape::kKnown) {
         shapes[i] = &planned.known;
       } else if (planned.kind == OutputShape::kFirstInput) {
-        OP_REQUIRES(ctx, num_in > 0,
-                    errors::InvalidArgument(where, ": output ", i,
-                                            " takes the first input's shape, but there is no input"));
+        CALL_REQUIRES(ctx, num_in > 0,
+                      errors::InvalidArgument(where, ": output ", i,
+                                              " takes the first input's shape, but there is no input"));
         shapes[i] = nullptr;
       } else {
         const PartialTensorShape& declared = output_shapes_[i];
         for (int d = 0; d < declared.dims(); ++d) {
           int64_t size = declared.dim_size(d);
           if (size < 0) size = dim_values[next_dynamic++];
-          OP_REQUIRES(ctx, size >= 0,
-                      errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
-                                              "; sizes must be >= 0"));
+          CALL_REQUIRES(ctx, size >= 0,
+                        errors::InvalidArgument(where, ": output ", i, " dimension ", d, " is ", size,
+                                                "; sizes must be >= 0"));
           const Status added = completed[i].AddDimWithStatus(size);
-          OP_REQUIRES(ctx, added.ok(),
-                      errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
+          CALL_REQUIRES(ctx, added.ok(),
+                        errors::InvalidArgument(where, ": output ", i, ": ", added.message()));
         }
         shapes[i] = &completed[i];
       }
@@ -1179,16 +1210,16 @@ class LegacyTvmDsoOpKernel : public CallKernel {
       shape = static_output_shape_;
     } else if (dynamic.dims() == 1) {
       for (int64_t d : absl::MakeConstSpan(dynamic.flat<int64_t>().data(), dynamic.NumElements())) {
-        OP_REQUIRES(ctx, d >= 0,
-                    errors::InvalidArgument(fn_->where, ": dynamic_output_shape has size ", d));
+        CALL_REQUIRES(ctx, d >= 0,
+                      errors::InvalidArgument(fn_->where, ": dynamic_output_shape has size ", d));
         const Status added = shape.AddDimWithStatus(d);
-        OP_REQUIRES(ctx, added.ok(),
-                    errors::InvalidArgument(fn_->where, ": dynamic_output_shape: ", added.message()));
+        CALL_REQUIRES(ctx, added.ok(),
+                      errors::InvalidArgument(fn_->where, ": dynamic_output_shape: ", added.message()));
       }
     } else {
-      OP_REQUIRES(ctx, num_in > 0,
-                  errors::InvalidArgument(fn_->where,
-                                          ": no output shape and no input to take it from"));
+      CALL_REQUIRES(ctx, num_in > 0,
+                    errors::InvalidArgument(fn_->where,
+                                            ": no output shape and no input to take it from"));
       shape = ctx->input(0).shape();
     }
     Placement placement;
