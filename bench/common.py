@@ -22,6 +22,7 @@ RESULTS_MARKERS: Final = ("<!-- results: written by make bench (bench/report.py)
 #: The GPU figures, recorded by `make test-gpu` on a GPU machine (docs/gpu.md).
 GPU_RESULTS: Final = ROOT / "docs" / "gpu_results.json"
 CHAIN: Final = 50  # applications of add-one per tf.function call in the per-op comparisons
+PER_OP_CHAIN, PER_OP_PERCENTILE, PER_OP_SINGLE_CALLS = 400, 20, 200  # the headline per-op slopes (docs/benchmarks.md)
 PY_FUNCTION_SIZE: Final = 1024
 LARGE_SIZES: Final = {"1M": 1 << 20, "16M": 1 << 24, "64M": 1 << 26}  # float32 elements
 LARGE_KEY_SIZE: Final = "16M"  # the size of the headline keys
@@ -31,7 +32,6 @@ LARGE_RATIOS: Final = (("ratio_vs_direct_tvm", "tvmdsoop", "direct_tvm"),
                 ("tf_add_graph_ratio_vs_direct_tvm", "tf_add_graph", "direct_tvm"),
                 ("first_touch_ratio", "direct_tvm_fresh_out", "direct_tvm"),
                 ("graph_ratio_vs_direct_tvm_fresh_out", "tvmdsoop_graph", "direct_tvm_fresh_out"),
-                ("ratio_vs_direct_tvm_numpy_out", "tvmdsoop", "direct_tvm_numpy_out"),
                 ("old_way_ratio_vs_tvmdsoop", "old_way", "tvmdsoop"))
 MEMORY_SIZE: Final = 64 << 20  # 256 MiB of float32
 MODEL_BATCHES: Final = (1, 32)  # of the whole-model and bridge comparisons

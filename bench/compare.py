@@ -1,7 +1,7 @@
 """One comparison in this process, its figures written as flat JSON (docs/benchmarks.md
 says what each measures), or one memory figure.
 
-    python bench/compare.py {overhead,overhead_grappler,py_function,large,model,bridge} --out OUT.json
+    python bench/compare.py {overhead,py_function,large,model,bridge} --out OUT.json
     python bench/compare.py memory {baseline,tvmdsoop,tf_add}
 
 One process each, so that no comparison inherits another's allocator or cache state.
@@ -20,11 +20,12 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
-                    MODEL_CHAIN, MODELS_DIR, PY_FUNCTION_SIZE, ROOT, TVM_BESIDE_TF, VM_DIRECT, Results)
+                    MODEL_CHAIN, MODELS_DIR, PER_OP_CHAIN, PER_OP_PERCENTILE, PER_OP_SINGLE_CALLS, PY_FUNCTION_SIZE,
+                    ROOT, TVM_BESIDE_TF, VM_DIRECT, Results)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's import: no start-up logging
 
@@ -93,48 +94,48 @@ def alias(out: Results, key: str, source: str) -> None:  # a headline key: sourc
 
 def per_op(t: Timings, name: str, length: int) -> list[float]:
     """Seconds per application, per round: (``name`` x``length`` - ``name`` x1) / (length - 1)."""
-    return [(a - b) / (length - 1) for a, b in zip(t.per_call[f"{name}_x{length}"], t.per_call[f"{name}_x1"],
-                                                   strict=True)]
+    return [(a - b) / (length - 1) for a, b in zip(t.per_call[f"{name}_x{length}"], t.per_call[f"{name}_x1"], strict=True)]
 
 
-def slope_comparison(fns: dict[str, UnaryOp], x: tf.Tensor, rounds: int, prefix: str, *, length: int = CHAIN,
-                     build: Callable[..., UnaryOp] = chain, per: str = "per_op",
-                     check_output: Callable[[str, int, tf.Tensor], None] | None = None,
-                     others: Contenders | None = None) -> tuple[Timings, Results]:
-    """Each of ``fns`` built ``length`` times and once, checked, timed with ``others``: µs per call, per application."""
+def built(fns: dict[str, UnaryOp], x: tf.Tensor, length: int, build: Callable[..., UnaryOp] = chain,
+          check_output: Callable[[str, int, tf.Tensor], None] | None = None) -> Contenders:
+    """Each of ``fns`` built ``length`` times and once, checked: calls on ``x`` named ``{name}_x{n}``."""
     calls: Contenders = {}
     for name, fn in fns.items():
         for n in (length, 1):
             graph = build(fn, n, [tf.TensorSpec(x.shape, x.dtype)])
             (check_output or (lambda what, n, y: check(what, y, x.numpy() + n)))(f"{name} x{n}", n, graph(x))
             calls[f"{name}_x{n}"] = functools.partial(graph, x)
-    t = interleave({**calls, **(others or {})}, rounds=rounds, min_time=0.04)
+    return calls
+
+
+def slope_comparison(calls: Contenders, names: Iterable[str], rounds: int, prefix: str, length: int = CHAIN,
+                     per: str = "per_op") -> tuple[Timings, Results]:
+    """``calls`` (``built``'s of ``names``, and others) timed: µs per call, per application of each of ``names``."""
+    t = interleave(calls, rounds=rounds, min_time=0.04)
     out: Results = {}
-    for name in fns:
+    for name in names:
         for n in (length, 1):
             out[f"{prefix}{name}_x{n}_us"] = t.median(f"{name}_x{n}") * 1e6
         out[f"{prefix}{name}_{per}_us"] = statistics.median(per_op(t, name, length)) * 1e6
     return t, out
 
 
-def overhead(rounds: int, *, fold: bool = False) -> Results:
-    """1: TVMDSOOp add-ones against tf.adds on 1 float32; ``fold``: Grappler's defaults."""
-    if not fold:
-        tf.config.optimizer.set_experimental_options(NO_FOLDING)
-    module = tf_op.Module(LIBRARY)
-    fns = {"tvmdsoop": module.func("add_one"), "tf_add": tf_add_one}
-    if not fold:
-        fns["tvmdsoop_inplace"] = module.func("add_one", inplace={0: 0})
-    prefix = "overhead_grappler_default_" if fold else "overhead_"
-    t, out = slope_comparison(fns, tf.constant([0.0]), rounds, prefix)
-    put(out, f"{prefix}chain_ratio_vs_tf_add", t.ratios(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}"))
-    if not fold:  # Grappler folds the chain of tf.adds: it has no per-application cost to divide by
-        tf_add = per_op(t, "tf_add", CHAIN)
-        for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
-            num, den = statistics.median(per_op(t, name, CHAIN)), statistics.median(tf_add)
-            out[key] = num / den if min(num, den) > 0 else float("nan")  # a slope <= 0 is noise, not a "met"
-    out[f"{prefix}rounds"] = rounds
-    return out
+def overhead(rounds: int) -> Results:
+    """1: TVMDSOOp add-ones against tf.adds on 1 float32, Grappler's folding off."""
+    tf.config.optimizer.set_experimental_options(NO_FOLDING)
+    module, x = tf_op.Module(LIBRARY), tf.constant([0.0])
+    fns = {"tvmdsoop": module.func("add_one"), "tf_add": tf_add_one,
+           "tvmdsoop_inplace": module.func("add_one", inplace={0: 0})}
+    t, out = slope_comparison(built(fns, x, CHAIN), fns, rounds, "overhead_")
+    put(out, "overhead_chain_ratio_vs_tf_add", t.ratios(f"tvmdsoop_x{CHAIN}", f"tf_add_x{CHAIN}"))
+    # The headline: slopes of longer chains, of a low percentile of single calls (common.PER_OP_CHAIN).
+    s, q = interleave(built(fns, x, PER_OP_CHAIN), rounds=rounds, single=PER_OP_SINGLE_CALLS), PER_OP_PERCENTILE
+    slope = {n: (s.percentile(f"{n}_x{PER_OP_CHAIN}", q) - s.percentile(f"{n}_x1", q)) / (PER_OP_CHAIN - 1) for n in fns}
+    out.update({f"overhead_{name}_p{q}_per_op_us": seconds * 1e6 for name, seconds in slope.items()})
+    for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
+        out[key] = slope[name] / slope["tf_add"] if min(slope[name], slope["tf_add"]) > 0 else float("nan")  # <= 0: noise
+    return {**out, "overhead_rounds": rounds}
 
 
 def py_function(rounds: int) -> Results:
@@ -153,11 +154,11 @@ def py_function(rounds: int) -> Results:
         return y
 
     fns = {"tvmdsoop": tf_op.Module(LIBRARY).func("add_one"), "py_function": via_py_function}
-    t, out = slope_comparison(fns, tf.constant(np.arange(PY_FUNCTION_SIZE, dtype=np.float32)), rounds, "pyfunc_")
+    x = tf.constant(np.arange(PY_FUNCTION_SIZE, dtype=np.float32))
+    t, out = slope_comparison(built(fns, x, CHAIN), fns, rounds, "pyfunc_")
     out["pyfunc_speedup_per_op"] = float(out["pyfunc_py_function_per_op_us"]) / float(out["pyfunc_tvmdsoop_per_op_us"])
     out["speedup_vs_py_function"] = out["pyfunc_speedup_per_op"]
     put(out, "speedup_vs_py_function_chain", t.ratios(f"py_function_x{CHAIN}", f"tvmdsoop_x{CHAIN}"))
-    out["pyfunc_speedup_x1"] = t.ratio("py_function_x1", "tvmdsoop_x1")
     return out
 
 
@@ -172,11 +173,9 @@ def large(rounds: int) -> Results:
         x = tf.random.uniform([n], dtype=tf.float32)
         want = x.numpy() + np.float32(1)
         x_tvm = tvm_ffi.from_dlpack(x)  # TF's buffer, seen by TVM, no copy
-        # The direct call writes a TF tensor made once, so both sides write TF's memory; also numpy's
-        # (numpy asks the kernel for huge pages on arrays of 4 MiB and more; TF's allocator does not).
+        # The direct call writes a TF tensor made once, so both sides write TF's memory.
         direct_out_tf = tf.zeros([n], dtype=tf.float32)
-        direct_out, numpy_out = tvm_ffi.from_dlpack(direct_out_tf), aligned_empty(n)
-        numpy_out.fill(0)  # fault the pages in before timing
+        direct_out = tvm_ffi.from_dlpack(direct_out_tf)
         copy_src, copy_dst = np.ones(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
 
         def old_way(x: tf.Tensor = x, n: int = n) -> tf.Tensor:
@@ -188,15 +187,14 @@ def large(rounds: int) -> Results:
         contenders: Contenders = {
             "tvmdsoop": functools.partial(add_one, x), **{name: functools.partial(fn, x) for name, fn in graphs.items()},
             "direct_tvm": functools.partial(tvm_add_one, x_tvm, direct_out),
-            "direct_tvm_numpy_out": functools.partial(tvm_add_one, x_tvm, numpy_out),
             # Into a fresh, untouched TF buffer, as the op's own output is: the first touch of its pages.
             "direct_tvm_fresh_out": lambda x_tvm=x_tvm, n=n: tvm_add_one(
                 x_tvm, tvm_ffi.from_dlpack(tf.raw_ops.Empty(shape=[n], dtype=tf.float32, init=False))),
             "old_way": old_way, "memcpy": functools.partial(np.copyto, copy_dst, copy_src)}
         for name, fn in contenders.items():  # the fresh output and memcpy compute nothing to check
-            got = {"direct_tvm": direct_out_tf, "direct_tvm_numpy_out": numpy_out}.get(name, fn())
+            got = fn()  # the direct call returns nothing: it writes direct_out_tf
             if name not in ("memcpy", "direct_tvm_fresh_out"):
-                check(f"{name} {label}", got, want + (name == "inplace_graph_x2"))
+                check(f"{name} {label}", direct_out_tf if name == "direct_tvm" else got, want + (name == "inplace_graph_x2"))
         del want
         t = interleave(contenders, rounds=rounds if n < 1 << 26 else max(5, rounds * 2 // 3), min_time=0.03, warmup=2)
         p = f"large_{label}_"
@@ -264,9 +262,8 @@ def model(rounds: int) -> Results:
         try:
             vm.time(1, vm_out)
             check(f"tvm_vm, batch {batch}", vm_out, want, 1e-5)
-            t, figures = slope_comparison(fns, x, rounds, p, length=MODEL_CHAIN, build=sequenced, per="per_call",
-                                          check_output=lambda name, n, y: check(name, y.numpy() / n, want, 1e-5),
-                                          others={"tvm_vm": SelfTimed(vm.time)})
+            calls = built(fns, x, MODEL_CHAIN, sequenced, lambda name, n, y: check(name, y.numpy() / n, want, 1e-5))
+            t, figures = slope_comparison({**calls, "tvm_vm": SelfTimed(vm.time)}, fns, rounds, p, MODEL_CHAIN, "per_call")
         finally:
             vm.close()
         out.update(figures)
@@ -277,7 +274,6 @@ def model(rounds: int) -> Results:
         out[f"{p}overhead_us"] = float(out[f"{p}tvmdsoop_per_call_us"]) - float(out[f"{p}tvm_vm_per_call_us"])
         if float(out[f"{p}overhead_us"]) < -0.5 * float(out[f"{p}tvm_vm_per_call_us"]):
             raise AssertionError(f"batch {batch}: less than half a model call per op call: the calls were merged")
-        out[f"{p}ratio_vs_keras_x1"] = t.ratio("tvmdsoop_x1", "keras_x1")
     for key in ("ratio_vs_tvm_vm", "ratio_vs_keras"):  # the headline: the worse batch
         out[f"model_{key}_batch"] = worst = max(MODEL_BATCHES, key=lambda b: float(out[f"model_b{b}_{key}"]))
         alias(out, f"model_{key}", f"model_b{worst}_{key}")
@@ -336,8 +332,8 @@ def bridge(rounds: int, tune: int = 0) -> Results:
     return out
 
 
-COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "overhead_grappler": functools.partial(
-    overhead, fold=True), "py_function": py_function, "large": large, "model": model, "bridge": bridge}
+COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "py_function": py_function, "large": large,
+                                                  "model": model, "bridge": bridge}
 
 
 def memory(mode: str) -> None:

@@ -29,9 +29,9 @@ from report import KEYS, summary, write_report
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in seconds (the bridge compiles
 #: MobileNetV2 twice, 10-60 s each, and times it).
-COMPARISONS = {"overhead": 300, "overhead_grappler": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
-#: "overhead" runs in 4 processes, each key their median: a per-op slope (4% of what it times) differs more between
-#: processes (where code and heap land) than between rounds. Per-op ratio brackets: lowest, highest; NaN stays NaN.
+COMPARISONS = {"overhead": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
+#: "overhead" runs in 4 processes, each key their median: a per-op slope differs more between processes (where code
+#: and heap land) than between rounds. Per-op ratio brackets: lowest, highest; NaN stays NaN.
 OVERHEAD_PROCESSES, PER_OP_RATIOS = 4, ("per_op_ratio_vs_tf_add", "per_op_ratio_vs_tf_add_allocating")
 #: Go benchmarks: package, benchmarks, rounds, and the metric -> key they give (None:
 #: every metric but ns/op, under its own name; 1 round: it runs its own rounds).
@@ -154,8 +154,8 @@ def main(argv: list[str]) -> None:
             each.append(json.loads(out.read_text()))
         results.update({k: float(np.median([o[k] for o in each])) if isinstance(v, float) else v for k, v in each[0].items()})
         if name == "overhead":
-            results.update({f"{k}_{q}": float(f([o[k] for o in each])) for k in PER_OP_RATIOS for q, f in (("q1", np.min), ("q3", np.max))})
-            results["overhead_processes"] = len(each)
+            results.update({"overhead_processes": len(each), **{f"{k}_{q}": float(f([o[k] for o in each]))
+                            for k in PER_OP_RATIOS for q, f in (("q1", np.min), ("q3", np.max))}})
     results.update(run_memory(2 if args.quick else 3))
     results.update(run_go_benchmarks())
     if GPU_RESULTS.is_file():  # recorded by make test-gpu on a GPU machine
