@@ -132,9 +132,9 @@ def results_part(r: Results) -> str:
                for m in BRIDGE_MODELS for b in batches]),
         "### Served throughput (9), requests/s",
         table(["workload", "callers", "TVMDSOOp session", "direct (`dsoop`)", "TF session", "empty session",
-               "session / direct", "session / TF"],
+               "session / direct", "session / TF", "session in the caller's thread / direct"],
               [[w, str(n), *(cell(r, f"served_{w}_n{n}_{c}_rps") for c in ("session", "direct", "tf", "floor")),
-                cell(r, f"served_ratio_vs_direct_{w}_n{n}"), cell(r, f"served_ratio_vs_tf_{w}_n{n}")]
+                *(cell(r, f"served_{k}_{w}_n{n}") for k in ("ratio_vs_direct", "ratio_vs_tf", "in_caller_ratio_vs_direct"))]
                for w in SERVED_WORKLOADS for n in SERVED_CALLERS]),
     ]
     for title, keys in DETAILS.items():

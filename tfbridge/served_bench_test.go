@@ -46,17 +46,24 @@ type request func() error
 // workload is one job served three ways: a Go TF session running TVMDSOOp, the
 // same TVM code called directly (dsoop), and TF's own equivalent in a session;
 // and floor, a session that only passes its input through (what any Session.Run
-// costs).
+// costs). inCaller is the TVMDSOOp session again, configured to run each Run in
+// its caller's thread (inCallersThread).
 type workload struct {
-	name                         string
-	session, direct, tfOp, floor func() request
+	name                                   string
+	session, direct, tfOp, floor, inCaller func() request
 }
+
+// inCallersThread is a serialized tensorflow.ConfigProto that makes a session
+// run each Run in the thread that called it (inter_op_parallelism_threads: -1)
+// instead of handing the graph to TF's inter-op pool and waiting: docs/serving.md.
+var inCallersThread = []byte{0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}
 
 // BenchmarkServed measures requests per second of N concurrent callers (N in
 // servedCallers) of each workload, the contenders interleaved in rounds (their
 // order rotating), and reports per workload and N the medians (and quartiles)
-// of the per-round ratios session/direct and session/TF, each contender's
-// median requests/s (and the floor's), and the process's threads at the end.
+// of the per-round ratios session/direct, session/TF and inCaller/direct, each
+// contender's median requests/s (and the floor's), and the process's threads at
+// the end.
 //
 //	. build/env.sh && TVMDSOOP_BENCH_MODELS=build/bench/models go test -run '^$' -bench BenchmarkServed -benchtime 5x ./tfbridge
 func BenchmarkServed(b *testing.B) {
@@ -68,9 +75,9 @@ func BenchmarkServed(b *testing.B) {
 	}
 	for _, w := range workloads {
 		for _, callers := range servedCallers {
-			contenders := []func() request{w.session, w.direct, w.tfOp, w.floor}
+			contenders := []func() request{w.session, w.direct, w.tfOp, w.floor, w.inCaller}
 			rps := make([][]float64, len(contenders))
-			var vsDirect, vsTF []float64
+			var vsDirect, vsTF, inCallerVsDirect []float64
 			for _, c := range contenders {
 				serve(b, c, callers, servedFor/4) // warm up: kernels, VM instances, thread pools
 			}
@@ -82,11 +89,13 @@ func BenchmarkServed(b *testing.B) {
 					rps[i] = append(rps[i], got[i])
 				}
 				vsDirect, vsTF = append(vsDirect, got[0]/got[1]), append(vsTF, got[0]/got[2])
+				inCallerVsDirect = append(inCallerVsDirect, got[4]/got[1])
 			}
 			key := fmt.Sprintf("%s_n%d", w.name, callers)
 			reportSpread(b, vsDirect, "served_ratio_vs_direct_"+key)
 			reportSpread(b, vsTF, "served_ratio_vs_tf_"+key)
-			for i, name := range []string{"session", "direct", "tf", "floor"} {
+			reportSpread(b, inCallerVsDirect, "served_in_caller_ratio_vs_direct_"+key)
+			for i, name := range []string{"session", "direct", "tf", "floor", "in_caller"} {
 				b.ReportMetric(testenv.Median(rps[i]), fmt.Sprintf("served_%s_%s_rps", key, name))
 			}
 		}
@@ -164,7 +173,14 @@ func newSession(tb testing.TB, s *op.Scope) *tf.Session {
 	tb.Helper()
 	graph, err := s.Finalize()
 	require.NoError(tb, err)
-	session, err := tf.NewSession(graph, nil)
+	return sessionOn(tb, graph, nil)
+}
+
+// sessionOn is a session on graph with the serialized tensorflow.ConfigProto
+// config (nil: TF's defaults), closed when tb ends.
+func sessionOn(tb testing.TB, graph *tf.Graph, config []byte) *tf.Session {
+	tb.Helper()
+	session, err := tf.NewSession(graph, &tf.SessionOptions{Config: config})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { session.Close() })
 	return session
@@ -188,17 +204,23 @@ func matmulWorkload(b *testing.B) workload {
 	}
 	input, err := tf.NewTensor(rows(a))
 	require.NoError(b, err)
-	graph := func(product func(s *op.Scope, x, w tf.Output) tf.Output) (*tf.Session, tf.Output, tf.Output) {
+	graph := func(product func(s *op.Scope, x, w tf.Output) tf.Output) (*tf.Graph, tf.Output, tf.Output) {
 		s := op.NewScope()
 		x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(n, n)))
 		y := product(s, x, op.Const(s.SubScope("w"), rows(w)))
-		return newSession(b, s), x, y
+		g, err := s.Finalize()
+		require.NoError(b, err)
+		return g, x, y
 	}
 	lib := filepath.Join(filepath.Dir(testLib), "matmul.so")
 	matmul := mustFuncIn(b, lib, "matmul")
-	tvm, tvmX, tvmY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return matmul.Call(s, x, w)[0] })
-	native, nativeX, nativeY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return op.MatMul(s, x, w) })
-	checkClose(b, run1(b, tvm, tvmX, input, tvmY), run1(b, native, nativeX, input, nativeY), "matmul")
+	tvmGraph, tvmX, tvmY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return matmul.Call(s, x, w)[0] })
+	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread)
+	nativeGraph, nativeX, nativeY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return op.MatMul(s, x, w) })
+	native := sessionOn(b, nativeGraph, nil)
+	want := run1(b, native, nativeX, input, nativeY)
+	checkClose(b, run1(b, tvm, tvmX, input, tvmY), want, "matmul")
+	checkClose(b, run1(b, tvmInCaller, tvmX, input, tvmY), want, "matmul in the caller's thread")
 
 	module, err := dsoop.Open(lib)
 	require.NoError(b, err)
@@ -210,10 +232,11 @@ func matmulWorkload(b *testing.B) workload {
 	wt, err := dlpack.FromSlice(w, n, n)
 	require.NoError(b, err)
 	return workload{
-		name:    "matmul",
-		session: sessionRequest(tvm, tvmX, input, tvmY),
-		tfOp:    sessionRequest(native, nativeX, input, nativeY),
-		floor:   floorRequest(b, input),
+		name:     "matmul",
+		session:  sessionRequest(tvm, tvmX, input, tvmY),
+		inCaller: sessionRequest(tvmInCaller, tvmX, input, tvmY),
+		tfOp:     sessionRequest(native, nativeX, input, nativeY),
+		floor:    floorRequest(b, input),
 		direct: func() request {
 			c, err := dlpack.FromSlice(make([]float32, n*n), n, n)
 			require.NoError(b, err)
@@ -240,7 +263,9 @@ func modelWorkload(b *testing.B, dir string, batch int) workload {
 	s := op.NewScope()
 	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(shape...)))
 	y := mustFuncIn(b, lib, "main").Call(s, x)[0]
-	tvm := newSession(b, s)
+	tvmGraph, err := s.Finalize()
+	require.NoError(b, err)
+	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread)
 
 	keras, err := tf.LoadSavedModel(filepath.Join(dir, "cnn_savedmodel"), []string{"serve"}, nil)
 	require.NoError(b, err)
@@ -248,7 +273,9 @@ func modelWorkload(b *testing.B, dir string, batch int) workload {
 	signature := keras.Signatures["serving_default"]
 	kerasX := graphOutput(b, keras.Graph, signature.Inputs["image"].Name)
 	kerasY := graphOutput(b, keras.Graph, signature.Outputs["output_0"].Name)
-	checkClose(b, run1(b, tvm, x, input, y), run1(b, keras.Session, kerasX, input, kerasY), "Keras CNN")
+	want := run1(b, keras.Session, kerasX, input, kerasY)
+	checkClose(b, run1(b, tvm, x, input, y), want, "Keras CNN")
+	checkClose(b, run1(b, tvmInCaller, x, input, y), want, "Keras CNN in the caller's thread")
 
 	module, err := dsoop.Open(lib)
 	require.NoError(b, err)
@@ -259,10 +286,11 @@ func modelWorkload(b *testing.B, dir string, batch int) workload {
 	it, err := dlpack.FromSlice(image, shape...)
 	require.NoError(b, err)
 	return workload{
-		name:    fmt.Sprintf("model_b%d", batch),
-		session: sessionRequest(tvm, x, input, y),
-		tfOp:    sessionRequest(keras.Session, kerasX, input, kerasY),
-		floor:   floorRequest(b, input),
+		name:     fmt.Sprintf("model_b%d", batch),
+		session:  sessionRequest(tvm, x, input, y),
+		inCaller: sessionRequest(tvmInCaller, x, input, y),
+		tfOp:     sessionRequest(keras.Session, kerasX, input, kerasY),
+		floor:    floorRequest(b, input),
 		direct: func() request {
 			return func() error {
 				out, err := main.Call(it)
