@@ -13,7 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
+	corepb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"github.com/wamuir/graft/tensorflow/op"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
@@ -55,8 +57,13 @@ type workload struct {
 
 // inCallersThread is a serialized tensorflow.ConfigProto that makes a session
 // run each Run in the thread that called it (inter_op_parallelism_threads: -1)
-// instead of handing the graph to TF's inter-op pool and waiting: docs/serving.md.
-var inCallersThread = []byte{0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}
+// instead of handing the graph to TF's inter-op pool and waiting, as
+// docs/go.md shows servers.
+func inCallersThread(tb testing.TB) []byte {
+	config, err := proto.Marshal(&corepb.ConfigProto{InterOpParallelismThreads: -1})
+	require.NoError(tb, err)
+	return config
+}
 
 // BenchmarkServed measures requests per second of N concurrent callers (N in
 // servedCallers) of each workload, the contenders interleaved in rounds (their
@@ -215,7 +222,7 @@ func matmulWorkload(b *testing.B) workload {
 	lib := filepath.Join(filepath.Dir(testLib), "matmul.so")
 	matmul := mustFuncIn(b, lib, "matmul")
 	tvmGraph, tvmX, tvmY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return matmul.Call(s, x, w)[0] })
-	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread)
+	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread(b))
 	nativeGraph, nativeX, nativeY := graph(func(s *op.Scope, x, w tf.Output) tf.Output { return op.MatMul(s, x, w) })
 	native := sessionOn(b, nativeGraph, nil)
 	want := run1(b, native, nativeX, input, nativeY)
@@ -265,7 +272,7 @@ func modelWorkload(b *testing.B, dir string, batch int) workload {
 	y := mustFuncIn(b, lib, "main").Call(s, x)[0]
 	tvmGraph, err := s.Finalize()
 	require.NoError(b, err)
-	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread)
+	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread(b))
 
 	keras, err := tf.LoadSavedModel(filepath.Join(dir, "cnn_savedmodel"), []string{"serve"}, nil)
 	require.NoError(b, err)
