@@ -84,6 +84,14 @@ absl::StatusCode CodeForTVMError(const char* kind) {
   return absl::StatusCode::kUnknown;
 }
 
+// The status of a TVM function that failed with err: "<where> failed: <kind>:
+// <message>" and detail after it, coded by the error's kind.
+Status TVMCallFailure(absl::string_view where, const DsoopError& err, absl::string_view detail = "") {
+  return Status(CodeForTVMError(err.kind),
+                absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
+                             err.message ? err.message : "", detail));
+}
+
 // Memory from aligned_alloc, for buffers TF gave us below the requested alignment.
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -140,6 +148,17 @@ ABSL_ATTRIBUTE_COLD ABSL_ATTRIBUTE_NOINLINE void FailCall(OpKernelContext* ctx, 
   do {                                                                             \
     if (ABSL_PREDICT_FALSE(!(condition))) {                                        \
       FailCall((ctx), __FILE__, __LINE__, [&]() -> Status { return (status); });   \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+
+// CALL_REQUIRES after a dsoop call that reports its failure in err: the status
+// may read err, which is cleared once the status is built.
+#define CALL_REQUIRES_DSOOP(ctx, condition, err, status)                           \
+  do {                                                                             \
+    if (ABSL_PREDICT_FALSE(!(condition))) {                                        \
+      FailCall((ctx), __FILE__, __LINE__, [&]() -> Status { return (status); });   \
+      dsoop_error_clear(&(err));                                                   \
       return;                                                                      \
     }                                                                              \
   } while (0)
@@ -763,16 +782,12 @@ class CallKernel : public OpKernel {
 
     DsoopError err = {nullptr, nullptr};
     ReturnedValue result;
-    if (ABSL_PREDICT_FALSE(placement.Call(fn.target.fn, args.data(), num_args, &result.value, &err) != 0)) {
-      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
-        return Status(CodeForTVMError(err.kind),
-                      absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
-                                   err.message ? err.message : "", "\n  TVMDSOOp passed ",
-                                   DescribeArgs(absl::MakeConstSpan(tensors.data(), num_args), num_in)));
-      });
-      dsoop_error_clear(&err);
-      return;
-    }
+    const int rc = placement.Call(fn.target.fn, args.data(), num_args, &result.value, &err);
+    CALL_REQUIRES_DSOOP(
+        ctx, rc == 0, err,
+        TVMCallFailure(where, err,
+                       absl::StrCat("\n  TVMDSOOp passed ",
+                                    DescribeArgs(absl::MakeConstSpan(tensors.data(), num_args), num_in))));
     // A value would be dropped, and the outputs it stands for never written.
     CALL_REQUIRES(ctx, result.value.type_index == kTVMFFINone,
                   errors::InvalidArgument(where, ": the function returned a value (TVM-FFI type index ",
@@ -832,13 +847,9 @@ class CallKernel : public OpKernel {
       lent->managed.manager_ctx = lent.get();
       lent->managed.deleter = LentTensor::Delete;
       TVMFFIObjectHandle handle = nullptr;
-      if (ABSL_PREDICT_FALSE(dsoop_tensor_from_dlpack(&lent->managed, &handle, &err) != 0)) {
-        FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
-          return errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : "");
-        });
-        dsoop_error_clear(&err);
-        return;
-      }
+      const int wrapped = dsoop_tensor_from_dlpack(&lent->managed, &handle, &err);
+      CALL_REQUIRES_DSOOP(ctx, wrapped == 0, err,
+                          errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
       lent.release();  // TVM owns it now, and deletes it when it drops the tensor
       inputs.emplace_back(handle);
       args[i].type_index = kTVMFFITensor;
@@ -850,15 +861,7 @@ class CallKernel : public OpKernel {
     const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
                                                  placement.stream(), &result.value, &err)
                                  : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
-    if (ABSL_PREDICT_FALSE(rc != 0)) {
-      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
-        return Status(CodeForTVMError(err.kind),
-                      absl::StrCat(where, " failed: ", err.kind ? err.kind : "Error", ": ",
-                                   err.message ? err.message : ""));
-      });
-      dsoop_error_clear(&err);
-      return;
-    }
+    CALL_REQUIRES_DSOOP(ctx, rc == 0, err, TVMCallFailure(where, err));
     inputs.clear();  // TVM keeps its own references to what it holds on to
 
     const int num_out = static_cast<int>(declared.size());
@@ -866,25 +869,16 @@ class CallKernel : public OpKernel {
     const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
     absl::InlinedVector<ObjectPtr, 4> outputs;
     for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
-    if (ABSL_PREDICT_FALSE(count < 0)) {
-      FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
-        return errors::InvalidArgument(where, ": ", err.message ? err.message : "");
-      });
-      dsoop_error_clear(&err);
-      return;
-    }
+    CALL_REQUIRES_DSOOP(ctx, count >= 0, err,
+                        errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
     CALL_REQUIRES(ctx, count == num_out,
                   errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
                                           num_out, " output(s) (output_shapes/output_dtypes)"));
     for (int i = 0; i < num_out; ++i) {
       DLManagedTensor* view = nullptr;
-      if (ABSL_PREDICT_FALSE(dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err) != 0)) {
-        FailCall(ctx, __FILE__, __LINE__, [&]() -> Status {
-          return errors::Internal(where, ": output ", i, ": ", err.message ? err.message : "");
-        });
-        dsoop_error_clear(&err);
-        return;
-      }
+      const int exported = dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err);
+      CALL_REQUIRES_DSOOP(ctx, exported == 0, err,
+                          errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
       OP_REQUIRES_OK(ctx, SetReturnedOutput(ctx, placement, where, i, ManagedPtr(view), declared[i]));
     }
   }
