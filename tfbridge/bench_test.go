@@ -28,10 +28,7 @@ func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output, 
 	}
 	graph, err := s.Finalize()
 	require.NoError(b, err)
-	session, err := tf.NewSession(graph, &tf.SessionOptions{Config: config})
-	require.NoError(b, err)
-	b.Cleanup(func() { session.Close() })
-	return session, x, y
+	return sessionOn(b, graph, config), x, y
 }
 
 // noFolding is a serialized tensorflow.ConfigProto that turns Grappler's
