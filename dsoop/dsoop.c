@@ -227,6 +227,20 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
   return 0;
 }
 
+int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, int32_t num_names) {
+  // Loaded already (a module holds it), so this only finds its handle.
+  void* library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (library == NULL) return -1;
+  int32_t unset = -1;
+  for (int32_t i = 0; i < num_names && unset < 0; ++i) {
+    // The library defines each name: the lookup finds its own before any dependency's.
+    void* const* pointer = (void* const*)dlsym(library, names[i]);
+    if (pointer != NULL && *pointer == NULL) unset = i;
+  }
+  dlclose(library);
+  return unset;
+}
+
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,
                               DsoopError* err) {
   TVMFFIAny args[3] = {{0}, {0}, {0}};

@@ -115,6 +115,12 @@ static inline int dsoop_call(const DsoopFunction* fn, const TVMFFIAny* args, int
 // a new reference to the module object.
 int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err);
 
+// Of the pointers names (defined by the library loaded from path, which calls
+// through them), the index of the first that loading left NULL: TVM's loader fills
+// each with a function of TVM's runtime, when the runtime registered one. -1 when
+// none is NULL, or when no library is loaded from path.
+int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, int32_t num_names);
+
 // Looks a function up in a module (and its imports). Returns 1 when found (out
 // holds a new reference), 0 when the module has no such function, -1 on error.
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,

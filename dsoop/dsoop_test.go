@@ -32,8 +32,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(initChildEnv) != "" {
 		runInitChild()
 	}
-	if lib := os.Getenv(legacyChildEnv); lib != "" {
-		runLegacyChild(lib)
+	if lib := os.Getenv(libraryChildEnv); lib != "" {
+		runLibraryChild(lib)
 	}
 	dir, err := os.MkdirTemp("", "dsoop-test")
 	if err != nil {

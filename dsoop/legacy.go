@@ -20,10 +20,11 @@ import (
 // TVM 0.21 (a hybrid of the two ABIs). It is found before anything of it runs.
 var ErrLegacyUnsupported = errors.New("a library of TVM <= 0.21 that dsoop cannot run")
 
-// ErrLegacyNeedsRuntime means a library built by TVM 0.8-0.20 uses workspace
-// memory or parallel loops, which TVM's runtime (libtvm_runtime.so) provides, and
-// none was found on the search path.
-var ErrLegacyNeedsRuntime = errors.New("the library needs TVM's runtime (" + runtimeLibraryName + "), which was not found")
+// ErrLegacyNeedsRuntime is ErrTVMRuntimeNotLoaded, as a library built by TVM
+// 0.8-0.20 gives it: it uses workspace memory or parallel loops.
+//
+// Deprecated: use ErrTVMRuntimeNotLoaded, which libraries of every TVM give.
+var ErrLegacyNeedsRuntime = ErrTVMRuntimeNotLoaded
 
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
 // code, such as CUDA kernels), serialized for the old runtime to rebuild.
@@ -61,7 +62,7 @@ func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 		if sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		code := elf.ST_TYPE(sym.Info) == elf.STT_FUNC || elf.ST_TYPE(sym.Info) == elf.STT_GNU_IFUNC
+		code := isCode(sym)
 		exported := elf.ST_BIND(sym.Info) == elf.STB_GLOBAL || elf.ST_BIND(sym.Info) == elf.STB_WEAK
 		switch {
 		case tvm021Symbols[sym.Name]:
@@ -74,8 +75,7 @@ func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 			if sym.Name == "__tvm_module_ctx" {
 				abi.context = append(abi.context, sym.Name)
 			}
-		case !code && strings.HasPrefix(sym.Name, "__TVM"):
-			// __TVMAPISetLastError, __TVMBackendParallelLaunch, ...: pointers the runtime fills.
+		case isContextPointer(sym):
 			marked = true
 			abi.context = append(abi.context, sym.Name)
 		case code && exported && !strings.HasPrefix(sym.Name, "__"):
@@ -121,9 +121,7 @@ func openLegacy(s *sealedLibrary, path string) (*C.DsoopLegacyLibrary, error) {
 	case 0:
 		return lib, nil
 	case C.kDsoopLegacyNeedsRuntime:
-		return nil, fmt.Errorf("%w: %s: install the pip package apache-tvm (tf_op's [tvm] extra) and add its tvm/lib "+
-			"folder to %s (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"` prints the library's path)",
-			ErrLegacyNeedsRuntime, takeError(&cerr).Message, LibraryPathEnv)
+		return nil, fmt.Errorf("%w: %s: %s", ErrTVMRuntimeNotLoaded, takeError(&cerr).Message, tvmRuntimeHelp)
 	case C.kDsoopLegacyUnsupported:
 		return nil, fmt.Errorf("%w: %w", ErrLegacyUnsupported, takeError(&cerr))
 	default:

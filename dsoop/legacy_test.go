@@ -2,10 +2,8 @@ package dsoop_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -317,78 +315,4 @@ int add_one(void* self, const void* args, int n, void* result) { return 0; }`,
 			assert.Contains(t, err.Error(), tc.message)
 		})
 	}
-}
-
-// legacyChildEnv makes this test binary a child that opens the legacy library it
-// names, calls its add_one on [1] and reports: in a fresh process, whose
-// runtime libraries the test chooses.
-const legacyChildEnv = "DSOOP_TEST_LEGACY_CHILD"
-
-// legacyReport is what a legacy child prints.
-type legacyReport struct {
-	Error        string
-	NeedsRuntime bool // errors.Is(err, dsoop.ErrLegacyNeedsRuntime)
-	Out          float32
-}
-
-// runLegacyChild is TestMain in a legacy child: it never returns.
-func runLegacyChild(lib string) {
-	var report legacyReport
-	err := func() error {
-		m, err := dsoop.Open(lib)
-		if err != nil {
-			return err
-		}
-		f, err := m.Func("add_one")
-		if err != nil {
-			return err
-		}
-		out := []float32{0}
-		err = f.Call(vector([]float32{1}), vector(out))
-		report.Out = out[0]
-		return err
-	}()
-	if err != nil {
-		report.Error, report.NeedsRuntime = err.Error(), errors.Is(err, dsoop.ErrLegacyNeedsRuntime)
-	}
-	if err := json.NewEncoder(os.Stdout).Encode(report); err != nil {
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
-// ffiOnlyPath is the folder of libtvm_ffi.so on the search path: TVM-FFI without TVM's runtime.
-func ffiOnlyPath(t *testing.T) string {
-	t.Helper()
-	for _, dir := range filepath.SplitList(os.Getenv(dsoop.LibraryPathEnv)) {
-		if _, err := os.Stat(filepath.Join(dir, "libtvm_ffi.so")); err == nil {
-			return dir
-		}
-	}
-	t.Skipf("%s names no folder holding libtvm_ffi.so (run `make test`)", dsoop.LibraryPathEnv)
-	return ""
-}
-
-func TestLegacyLibrariesWithoutTVMsRuntime(t *testing.T) {
-	ffiOnly := ffiOnlyPath(t)
-	run := func(t *testing.T, lib string) legacyReport {
-		t.Helper()
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), legacyChildEnv+"="+lib, dsoop.LibraryPathEnv+"="+ffiOnly)
-		out, err := cmd.Output()
-		require.NoError(t, err, "%s", out)
-		var report legacyReport
-		require.NoError(t, json.Unmarshal(out, &report), "%s", out)
-		return report
-	}
-	t.Run("errors only: TVM-FFI is enough", func(t *testing.T) {
-		report := run(t, filepath.Join(legacyFixtures, "add_one.so"))
-		assert.Empty(t, report.Error)
-		assert.Equal(t, float32(2), report.Out)
-	})
-	t.Run("workspace and parallel loops need TVM's runtime", func(t *testing.T) {
-		report := run(t, filepath.Join(legacyFixtures, "legacy.so"))
-		assert.True(t, report.NeedsRuntime, report.Error)
-		assert.Contains(t, report.Error, "libtvm_runtime.so")
-	})
 }

@@ -59,6 +59,25 @@ const runtimeHelp = "install the pip package apache-tvm-ffi and set " + LibraryP
 	"prints the library's path); for libraries made by tvm.compile, add the folder of " + runtimeLibraryName +
 	", the tvm/lib folder of the pip package apache-tvm (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"`)"
 
+// ErrTVMRuntimeNotLoaded means a library needs TVM's runtime (libtvm_runtime.so),
+// which was not found on the search path: it calls through pointers that the
+// runtime fills at load (workspace memory, parallel loops: TVMBackendParallelLaunch,
+// ...), or it embeds a module that the runtime loads (a Relax VM executable). A
+// function called through such a pointer left unset would jump to address zero:
+// the library is refused before any of its functions runs.
+var ErrTVMRuntimeNotLoaded = errors.New("the library needs TVM's runtime (" + runtimeLibraryName + "), which was not found")
+
+// tvmRuntimeHelp says how to get TVM's runtime: the fix for ErrTVMRuntimeNotLoaded.
+const tvmRuntimeHelp = "install the pip package apache-tvm (tf_op's [tvm] extra) and add its tvm/lib folder to " +
+	LibraryPathEnv + " (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"` prints the library's path)"
+
+// tvmRuntimePath is the TVM runtime Init opened; "" when it opened none.
+func tvmRuntimePath() string {
+	initMu.Lock()
+	defer initMu.Unlock()
+	return found.runtime
+}
+
 // ErrCUDARuntimeNotLoaded means a library holds CUDA code but TVM's CUDA runtime,
 // which loads such code, could not be opened (the error says why).
 var ErrCUDARuntimeNotLoaded = errors.New("TVM's CUDA runtime did not load")

@@ -33,6 +33,9 @@ type sealedLibrary struct {
 	size    int64
 	digest  string          // hex SHA-256 of the bytes
 	notCode map[string]bool // names whose __tvm_ffi_<name> symbol is not a function
+	// contextPointers are the pointers the library calls through that the runtime
+	// fills at load (isContextPointer): checked once it is loaded.
+	contextPointers []string
 	// embedded are the modules the library carries for TVM's loader to rebuild,
 	// as far as they could be read: what the loader will need (TVM's CUDA
 	// runtime, for CUDA code), and why it failed when it does.
@@ -129,11 +132,14 @@ func (s *sealedLibrary) check() (err error) {
 		return fmt.Errorf("%w: dynamic symbols: %v", ErrNotALibrary, err)
 	}
 	for _, sym := range symbols {
+		if isContextPointer(sym) {
+			s.contextPointers = append(s.contextPointers, sym.Name)
+		}
 		name, ok := strings.CutPrefix(sym.Name, ffiSymbolPrefix)
 		if !ok || sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if t := elf.ST_TYPE(sym.Info); t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC {
+		if !isCode(sym) {
 			if s.notCode == nil {
 				s.notCode = map[string]bool{}
 			}
@@ -149,6 +155,20 @@ func (s *sealedLibrary) check() (err error) {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
 	}
 	return checkCPUFlags(cpuFlags)
+}
+
+// isCode reports whether sym is a function (or an ifunc, which resolves to one).
+func isCode(sym elf.Symbol) bool {
+	t := elf.ST_TYPE(sym.Info)
+	return t == elf.STT_FUNC || t == elf.STT_GNU_IFUNC
+}
+
+// isContextPointer reports whether sym is a pointer the library defines and
+// calls through, filled at load with a function of the runtime's:
+// __TVMBackendParallelLaunch, __TVMBackendAllocWorkspace, __TVMAPISetLastError,
+// ... (TVM's code generators name each "__" and the function's name).
+func isContextPointer(sym elf.Symbol) bool {
+	return sym.Section != elf.SHN_UNDEF && !isCode(sym) && strings.HasPrefix(sym.Name, "__TVM")
 }
 
 // embeds returns the library's embedded module of that kind, if it has one.

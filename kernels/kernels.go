@@ -141,7 +141,7 @@ func statusCode(err error) int {
 	case errors.Is(err, fs.ErrNotExist), errors.Is(err, dsoop.ErrFunctionNotFound):
 		return codeNotFound
 	case errors.Is(err, dsoop.ErrRuntimeNotFound), errors.Is(err, dsoop.ErrRuntimeVersion),
-		errors.Is(err, dsoop.ErrLegacyNeedsRuntime),
+		errors.Is(err, dsoop.ErrTVMRuntimeNotLoaded),
 		errors.Is(err, dsoop.ErrCUDARuntimeNotLoaded),
 		errors.Is(err, dsoop.ErrCUDASourceNotCompiled), errors.Is(err, dsoop.ErrUnsupportedCPU),
 		errors.Is(err, dsoop.ErrCUDAModelOnCPU):

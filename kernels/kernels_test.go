@@ -29,6 +29,7 @@ func TestStatus(t *testing.T) {
 		{"reserved name", wrapped(dsoop.ErrReservedName), codeInvalidArgument, "reserved for TVM's own symbols"},
 		{"no runtime", wrapped(dsoop.ErrRuntimeNotFound), codeFailedPrecondition, "TVM-FFI runtime"},
 		{"runtime version", wrapped(dsoop.ErrRuntimeVersion), codeFailedPrecondition, "another version"},
+		{"no TVM runtime", wrapped(dsoop.ErrTVMRuntimeNotLoaded), codeFailedPrecondition, "needs TVM's runtime"},
 		{"no CUDA runtime", wrapped(dsoop.ErrCUDARuntimeNotLoaded), codeFailedPrecondition, "CUDA runtime did not load"},
 		{"CUDA source", wrapped(dsoop.ErrCUDASourceNotCompiled), codeFailedPrecondition, "CUDA source"},
 		{"model to the old op", fmt.Errorf("%w: a model", errModelNotAllowed), codeFailedPrecondition, "a model"},

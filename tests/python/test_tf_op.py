@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
+from helpers import run_python
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +171,51 @@ def test_not_a_library(tmp_path: Path) -> None:
     path.write_text("not a shared library")
     with pytest.raises(tf.errors.InvalidArgumentError, match=str(path)):
         tf_op.Module(path).func("add_one")(tf.constant([1.0]))
+
+
+WITHOUT_TVM_RUNTIME_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    import tf_op
+
+    lib, fn, inputs, output_shape = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    try:
+        out = tf_op.Module(lib).func(fn, output_shape=output_shape)(*[tf.ones(shape) for shape in inputs])
+        print("ran", out.shape)
+    except tf.errors.OpError as e:
+        print(type(e).__name__, e.message)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("lib", "fn", "inputs", "output_shape", "needs"),
+    [
+        ("modules/matmul.so", "matmul", [[512, 512], [512, 512]], [512, 512], "TVMBackend"),
+        ("models/cnn_b1.so", "main", [[1, 16, 16, 3]], [1, 10], "relax.VMExecutable"),
+    ],
+    ids=["parallel loops and workspace", "a Relax VM executable"],
+)
+def test_tvm_compiled_library_without_tvms_runtime(
+    modules_dir: Path, models_dir: Path, lib: str, fn: str, inputs: list, output_shape: list, needs: str
+) -> None:
+    """With only libtvm_ffi.so on the search path (apache-tvm-ffi without
+    apache-tvm), a library that calls into TVM's runtime (its parallel loops and
+    workspace go through pointers the runtime fills at load) or embeds a VM
+    executable (which the runtime loads) is refused before it runs, with the fix;
+    a call through such an unset pointer would crash the process."""
+    import tvm_ffi.libinfo
+
+    path = {"modules": modules_dir, "models": models_dir}[lib.split("/")[0]] / lib.split("/")[1]
+    ffi_only = str(Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
+    result = run_python(WITHOUT_TVM_RUNTIME_SCRIPT, str(path), fn, json.dumps(inputs), json.dumps(output_shape),
+                        env={"TVMDSOOP_LIBRARY_PATH": ffi_only})
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith("FailedPreconditionError"), line
+    for part in (str(path), f"'{fn}'", needs, "libtvm_runtime.so", "apache-tvm", "TVMDSOOP_LIBRARY_PATH"):
+        assert part in line, (part, line)
 
 
 def test_unknown_function(mod: tf_op.Module) -> None:
