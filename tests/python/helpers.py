@@ -19,6 +19,19 @@ import tensorflow as tf
 TVM_DTYPES: list[str] = runpy.run_path(str(Path(__file__).resolve().parents[1] / "modules" / "dtypes.py"))["TVM_DTYPES"]
 
 
+def ffi_only_library_path() -> str:
+    """The folder of the libtvm_ffi.so the op loads (from TVMDSOOP_LIBRARY_PATH, or
+    the installed packages' as tf_op finds them), alone: TVM-FFI without TVM's
+    runtime. Found without importing tvm_ffi, whose own copy of the library may
+    not be the op's (the TensorFlow matrix's venvs have one each)."""
+    from tf_op.tvm_paths import tvm_library_path
+
+    for folder in (os.environ.get("TVMDSOOP_LIBRARY_PATH") or tvm_library_path()).split(os.pathsep):
+        if (Path(folder) / "libtvm_ffi.so").is_file():
+            return folder
+    raise AssertionError("no folder holding libtvm_ffi.so on the op's search path")
+
+
 def buffer_address(t: tf.Tensor) -> int:
     """The address of an eager tensor's buffer (``numpy()`` might copy): read from
     the DLTensor that TF's own DLPack export shares the buffer through."""

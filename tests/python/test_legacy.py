@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import legacy_graph, run_in_threads, run_python
+from helpers import ffi_only_library_path, legacy_graph, run_in_threads, run_python
 
 FIXTURES = Path(__file__).resolve().parents[1] / "legacy" / "fixtures"
 
@@ -180,10 +180,7 @@ CALL_SCRIPT = textwrap.dedent(
 )
 def test_without_tvms_runtime(lib: str, expected: str) -> None:
     """With only libtvm_ffi.so on the search path (apache-tvm-ffi without apache-tvm)."""
-    import tvm_ffi.libinfo
-
-    ffi_only = str(Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
-    result = run_python(CALL_SCRIPT, str(FIXTURES / lib), env={"TVMDSOOP_LIBRARY_PATH": ffi_only})
+    result = run_python(CALL_SCRIPT, str(FIXTURES / lib), env={"TVMDSOOP_LIBRARY_PATH": ffi_only_library_path()})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(expected), result.stdout
     if expected.endswith("Error"):

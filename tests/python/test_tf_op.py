@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
-from helpers import run_python
+from helpers import ffi_only_library_path, run_python
 
 
 @pytest.fixture(scope="module")
@@ -205,12 +205,9 @@ def test_tvm_compiled_library_without_tvms_runtime(
     workspace go through pointers the runtime fills at load) or embeds a VM
     executable (which the runtime loads) is refused before it runs, with the fix;
     a call through such an unset pointer would crash the process."""
-    import tvm_ffi.libinfo
-
     path = {"modules": modules_dir, "models": models_dir}[lib.split("/")[0]] / lib.split("/")[1]
-    ffi_only = str(Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
     result = run_python(WITHOUT_TVM_RUNTIME_SCRIPT, str(path), fn, json.dumps(inputs), json.dumps(output_shape),
-                        env={"TVMDSOOP_LIBRARY_PATH": ffi_only})
+                        env={"TVMDSOOP_LIBRARY_PATH": ffi_only_library_path()})
     assert result.returncode == 0, result.stderr[-3000:]
     line = result.stdout.strip().splitlines()[-1]
     assert line.startswith("FailedPreconditionError"), line
