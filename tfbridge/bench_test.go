@@ -6,7 +6,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	tf "github.com/wamuir/graft/tensorflow"
+	corepb "github.com/wamuir/graft/tensorflow/core/protobuf/for_core_protos_go_proto"
 	"github.com/wamuir/graft/tensorflow/op"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 	"github.com/tvmdsoop/tvmdsoop/tfbridge"
@@ -32,11 +34,16 @@ func chainSession(b *testing.B, apply func(s *op.Scope, x tf.Output) tf.Output, 
 }
 
 // noFolding is a serialized tensorflow.ConfigProto that turns Grappler's
-// constant folding and arithmetic optimisation off (graph_options {
-// rewrite_options { constant_folding: OFF arithmetic_optimization: OFF } }):
-// with them, TF folds a chain of AddV2s with constants into one AddV2, which it
-// cannot do for a custom op, and the chains would no longer compare ops.
-var noFolding = []byte{0x52, 0x06, 0x52, 0x04, 0x18, 0x02, 0x38, 0x02}
+// constant folding and arithmetic optimisation off: with them, TF folds a chain
+// of AddV2s with constants into one AddV2, which it cannot do for a custom op,
+// and the chains would no longer compare ops.
+func noFolding(tb testing.TB) []byte {
+	off := corepb.RewriterConfig_OFF
+	config, err := proto.Marshal(&corepb.ConfigProto{GraphOptions: &corepb.GraphOptions{
+		RewriteOptions: &corepb.RewriterConfig{ConstantFolding: off, ArithmeticOptimization: off}}})
+	require.NoError(tb, err)
+	return config
+}
 
 // BenchmarkSessionChain times Go TF sessions running chainLength TVMDSOOp
 // add-ones and chainLength tf.add's, interleaved in rounds in rotating order,
@@ -59,9 +66,9 @@ func BenchmarkSessionChain(b *testing.B) {
 		apply  func(s *op.Scope, x tf.Output) tf.Output
 		config []byte
 	}{
-		{"tvmdsoop", addOne(tfbridge.WithInplace(map[int]int{0: 0})), noFolding},
-		{"tf_add", tfAdd, noFolding},
-		{"tvmdsoop_allocating", addOne(), noFolding},
+		{"tvmdsoop", addOne(tfbridge.WithInplace(map[int]int{0: 0})), noFolding(b)},
+		{"tf_add", tfAdd, noFolding(b)},
+		{"tvmdsoop_allocating", addOne(), noFolding(b)},
 		{"tf_add_grappler_default", tfAdd, nil},
 	}
 	input, err := tf.NewTensor([]float32{0})
