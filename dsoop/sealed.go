@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -132,6 +133,9 @@ func (s *sealedLibrary) check() (err error) {
 		return fmt.Errorf("%w: dynamic symbols: %v", ErrNotALibrary, err)
 	}
 	for _, sym := range symbols {
+		if err := checkLoaderSlot(f.Progs, sym); err != nil {
+			return fmt.Errorf("%w: %v", ErrNotALibrary, err)
+		}
 		if isContextPointer(sym) {
 			s.contextPointers = append(s.contextPointers, sym.Name)
 		}
@@ -169,6 +173,44 @@ func isCode(sym elf.Symbol) bool {
 // ... (TVM's code generators name each "__" and the function's name).
 func isContextPointer(sym elf.Symbol) bool {
 	return sym.Section != elf.SHN_UNDEF && !isCode(sym) && strings.HasPrefix(sym.Name, "__TVM")
+}
+
+// libraryCtxSymbol is where TVM's loader writes the library's module (tvm-ffi's
+// symbol::tvm_ffi_library_ctx).
+const libraryCtxSymbol = ffiSymbolPrefix + "_library_ctx"
+
+// checkLoaderSlot refuses sym when a loader would write a pointer into it and
+// it is not 8 bytes of the library's writable memory: TVM's loader fills every
+// __TVM... symbol whose name TVM's runtime registered and the module context,
+// dsoop_legacy_open the context symbols of older libraries. A slot in code or
+// constants, at an absolute address, or in what the dynamic loader makes
+// read-only after relocation (RELRO) would fault in that write, or in the
+// read that checks it.
+func checkLoaderSlot(progs []*elf.Prog, sym elf.Symbol) error {
+	if sym.Section == elf.SHN_UNDEF ||
+		!(strings.HasPrefix(sym.Name, "__TVM") || sym.Name == libraryCtxSymbol || sym.Name == "__tvm_module_ctx") {
+		return nil
+	}
+	const size = 8 // a pointer
+	start, end := sym.Value, sym.Value+size
+	inside := func(p *elf.Prog) bool {
+		return p.Memsz <= math.MaxUint64-p.Vaddr && start >= p.Vaddr && end <= p.Vaddr+p.Memsz
+	}
+	writable := false
+	for _, p := range progs {
+		switch {
+		case p.Type == elf.PT_GNU_RELRO && start < p.Vaddr+p.Memsz && end > p.Vaddr:
+			return fmt.Errorf("its symbol %s, which the loader writes a pointer into, is in memory made read-only "+
+				"after relocation (RELRO)", sym.Name)
+		case p.Type == elf.PT_LOAD && p.Flags&(elf.PF_R|elf.PF_W) == elf.PF_R|elf.PF_W && inside(p):
+			writable = true
+		}
+	}
+	if sym.Section >= elf.SHN_LORESERVE || end < start || !writable {
+		return fmt.Errorf("its symbol %s, which the loader writes a pointer into, is not %d bytes of its writable "+
+			"memory", sym.Name, size)
+	}
+	return nil
 }
 
 // embeds returns the library's embedded module of that kind, if it has one.

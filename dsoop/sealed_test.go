@@ -115,6 +115,43 @@ func TestNotALibraryIsRefusedBeforeLoading(t *testing.T) {
 	}
 }
 
+// TestLoaderSlotsOutsideWritableMemoryAreRefused: a symbol a loader writes a
+// pointer into (TVM's loader: the __TVM... context pointers TVM's runtime
+// registers and the module context; dsoop's own for older libraries) that is not
+// writable memory of the library is refused before loading: the write, or the
+// read that checks the pointer after the load, would fault. Each of these
+// crashed the process before.
+func TestLoaderSlotsOutsideWritableMemoryAreRefused(t *testing.T) {
+	const ffiFunction = `#include <tvm/ffi/c_api.h>
+TVM_FFI_DLL_EXPORT int __tvm_ffi_add_one(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) { return 0; }
+`
+	tests := []struct {
+		name, source, symbol string
+	}{
+		{"a context pointer among constants", ffiFunction + "void* const __TVMBackendParallelLaunch = 0;\n",
+			"__TVMBackendParallelLaunch"},
+		{"a context pointer at an absolute address", ffiFunction +
+			`__asm__(".globl __TVMBackendParallelLaunch\n.set __TVMBackendParallelLaunch, 0x10\n");`,
+			"__TVMBackendParallelLaunch"},
+		{"a context pointer that is a function", ffiFunction + "void __TVMBackendAllocWorkspace(void) {}\n",
+			"__TVMBackendAllocWorkspace"},
+		{"a context pointer made read-only after relocation", ffiFunction +
+			"static int target;\nvoid* const __TVMBackendFreeWorkspace = &target;\n", "__TVMBackendFreeWorkspace"},
+		{"the module context among constants", ffiFunction + "void* const __tvm_ffi__library_ctx = 0;\n",
+			"__tvm_ffi__library_ctx"},
+		{"an older library's context pointer among constants",
+			"void* const __TVMAPISetLastError = 0;\nint add_one(void* a, int* c, int n, void* r, int* rc, void* h) { return 0; }\n",
+			"__TVMAPISetLastError"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := dsoop.Open(ccLibrary(t, tc.source))
+			require.ErrorIs(t, err, dsoop.ErrNotALibrary)
+			assert.Contains(t, err.Error(), "its symbol "+tc.symbol+", which the loader writes a pointer into")
+		})
+	}
+}
+
 // A library rebuilt at the same path (the notebook loop) loads anew; what was
 // taken from the old one keeps working.
 func TestRebuiltLibraryLoadsAnew(t *testing.T) {
