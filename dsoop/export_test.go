@@ -44,3 +44,13 @@ func SameObject(a, b *Func) bool { return a.ref.fn.handle == b.ref.fn.handle }
 // CallsSymbol reports whether f calls its library's exported symbol directly,
 // not through its function object.
 func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }
+
+// VMFunctionTables gives the functions a model's executable lists in its function
+// table, as the library carries it (nil when unread), and those of TVM's text form.
+func VMFunctionTables(m *Module) (table, text []string, err error) {
+	if exec, ok := m.entry.sealed.embeds(vmExecutableKind); ok {
+		table = exec.vmFunctions
+	}
+	text, err = m.vmFunctionsFromText()
+	return table, text, err
+}

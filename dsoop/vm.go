@@ -78,12 +78,21 @@ func (m *Module) IsVM() bool { return m.entry.isVM }
 var vmFunctionHeader = regexp.MustCompile(`(?m)^@(\S+):$`)
 
 // VMFunctions lists the functions of the model, sorted (its entry points: main,
-// forward, ...). It reads them from the executable's text form, so it is meant
-// for messages, not for the call path.
+// forward, ...), for messages: from the executable's function table as the
+// library carries it, else from TVM's text form of the executable.
 func (m *Module) VMFunctions() ([]string, error) {
 	if !m.entry.isVM {
 		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable", m.entry.path)
 	}
+	if exec, ok := m.entry.sealed.embeds(vmExecutableKind); ok && exec.vmFunctions != nil {
+		return slices.Sorted(slices.Values(exec.vmFunctions)), nil
+	}
+	return m.vmFunctionsFromText()
+}
+
+// vmFunctionsFromText lists the model's functions from TVM's text form of the
+// executable, which decodes every instruction.
+func (m *Module) vmFunctionsFromText() ([]string, error) {
 	asText, err := m.Func("as_text")
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package dsoop_test
 import (
 	"fmt"
 	"math"
+	"path/filepath"
 	"testing"
 	"unsafe"
 
@@ -131,6 +132,34 @@ func TestVMCallsFromManyGoroutines(t *testing.T) {
 		}
 		return nil
 	}))
+}
+
+// TestVMFunctionsFromTheFunctionTable: the model's functions, read from the
+// executable's function table without TVM (which decodes every instruction for
+// its text form, and can crash on a corrupted one), are those of TVM's text form.
+func TestVMFunctionsFromTheFunctionTable(t *testing.T) {
+	tests := []struct {
+		lib  string
+		want []string
+	}{
+		{"mlp.so", []string{"forward"}},
+		{"two_outputs.so", []string{"main"}},
+		{"onnx_model.so", []string{"main"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.lib, func(t *testing.T) {
+			m, err := dsoop.Open(filepath.Join(modelsDir, tc.lib))
+			require.NoError(t, err)
+			defer m.Close()
+			table, text, err := dsoop.VMFunctionTables(m)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, table)
+			assert.Equal(t, text, table)
+			names, err := m.VMFunctions()
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, names)
+		})
+	}
 }
 
 func TestVMErrors(t *testing.T) {
