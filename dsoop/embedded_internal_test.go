@@ -13,12 +13,12 @@ import (
 )
 
 // libraryBin writes serialized modules as TVM does (see readEmbeddedModules):
-// parts are u64s, and strings as strs.
+// parts are u64s, u32s, and strings as strs.
 func libraryBin(parts ...any) []byte {
 	var body bytes.Buffer
 	for _, p := range parts {
 		switch v := p.(type) {
-		case uint64:
+		case uint64, uint32:
 			binary.Write(&body, binary.LittleEndian, v)
 		case string:
 			binary.Write(&body, binary.LittleEndian, uint64(len(v)))
@@ -29,6 +29,45 @@ func libraryBin(parts ...any) []byte {
 	binary.Write(&bin, binary.LittleEndian, uint64(body.Len()))
 	bin.Write(body.Bytes())
 	return bin.Bytes()
+}
+
+// vmExecutable is a Relax VM executable's bytes as TVM writes them, up to its
+// function table (see readVMFunctions): functions of the given kinds and names,
+// each with two parameter names, then what follows the table.
+func vmExecutable(magic uint64, version string, functions ...any) []any {
+	parts := []any{magic, version, uint64(len(functions) / 2)}
+	for i := 0; i < len(functions); i += 2 {
+		parts = append(parts, functions[i], functions[i+1], uint64(0), uint64(9), uint64(2), uint64(5),
+			uint64(2), "x", "y")
+	}
+	return append(parts, "constants and code")
+}
+
+func TestReadVMFunctions(t *testing.T) {
+	const magic = 0xD225DE2F4214151E
+	tests := []struct {
+		name  string
+		parts []any
+		want  []string
+	}{
+		{"kernels, builtins and VM functions", vmExecutable(magic, "0.14", uint32(0), "vm.builtin.copy",
+			uint32(1), "main", uint32(2), "fused_add", uint32(1), "forward"), []string{"main", "forward"}},
+		{"the first version's magic", vmExecutable(0xD225DE2F4214151D, "0.14", uint32(1), "main"), []string{"main"}},
+		{"another magic", vmExecutable(1, "0.14", uint32(1), "main"), nil},
+		{"another VM version", vmExecutable(magic, "0.13", uint32(1), "main"), nil},
+		{"a table of 2^40 functions", []any{uint64(magic), "0.14", uint64(1 << 40)}, nil},
+		{"a name of a megabyte", []any{uint64(magic), "0.14", uint64(1), uint32(1), uint64(1 << 20)}, nil},
+		{"cut in the parameter names", []any{uint64(magic), "0.14", uint64(1), uint32(1), "main", uint64(0),
+			uint64(9), uint64(2), uint64(5), uint64(1 << 30)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := libraryBin(tc.parts...)
+			got, err := readVMFunctions(&binReader{r: bytes.NewReader(bin), off: 8, limit: uint64(len(bin))})
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.want == nil, err != nil, "error: %v", err)
+		})
+	}
 }
 
 // cudaBytes is a CUDA module's bytes: its format, then what TVM writes after it.
@@ -67,6 +106,9 @@ func TestParseEmbeddedModules(t *testing.T) {
 			[]embeddedModule{{kind: "cuda", format: "cuda"}}, false},
 		{"compiled CUDA and a VM executable", libraryBin(with(tree(2), []any{"_lib", cudaKind, cudaBytes("fatbin"), "relax.VMExecutable", "constants"})...),
 			[]embeddedModule{{kind: "cuda", format: "fatbin"}, {kind: "relax.VMExecutable"}}, false},
+		{"a VM executable's functions", libraryBin(with(tree(1), []any{"_lib", vmExecutableKind,
+			string(libraryBin(vmExecutable(0xD225DE2F4214151E, "0.14", uint32(1), "main")...)[8:])})...),
+			[]embeddedModule{{kind: vmExecutableKind, vmFunctions: []string{"main"}}}, false},
 		{"empty", nil, nil, true},
 		{"a module's bytes past the end", libraryBin(with(tree(1), []any{"_lib", "relax.VMExecutable", uint64(1 << 40)})...), nil, true},
 		{"a kind past the end", libraryBin(with(tree(1), []any{"_lib", uint64(3), "ab"})...), nil, true},
@@ -95,6 +137,8 @@ func TestParseEmbeddedModules(t *testing.T) {
 func FuzzParseEmbeddedModules(f *testing.F) {
 	f.Add(libraryBin(uint64(2), uint64(0), uint64(0), uint64(1), uint64(0), "_lib"))
 	f.Add(libraryBin(uint64(3), uint64(0), uint64(1), uint64(1), uint64(1), uint64(1), "_lib", cudaKind, cudaBytes("cuda")))
+	f.Add(libraryBin(uint64(3), uint64(0), uint64(1), uint64(1), uint64(1), uint64(1), "_lib", vmExecutableKind,
+		string(libraryBin(vmExecutable(0xD225DE2F4214151E, "0.14", uint32(1), "main")...)[8:])))
 	f.Fuzz(func(t *testing.T, bin []byte) {
 		_, _ = parseEmbeddedModules(bytes.NewReader(bin)) // any answer will do
 	})
