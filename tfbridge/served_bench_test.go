@@ -60,9 +60,15 @@ type workload struct {
 // instead of handing the graph to TF's inter-op pool and waiting, as
 // docs/go.md shows servers.
 func inCallersThread(tb testing.TB) []byte {
-	config, err := proto.Marshal(&corepb.ConfigProto{InterOpParallelismThreads: -1})
+	return marshalConfig(tb, &corepb.ConfigProto{InterOpParallelismThreads: -1})
+}
+
+// marshalConfig serializes a tensorflow.ConfigProto, as tf.SessionOptions takes it.
+func marshalConfig(tb testing.TB, config *corepb.ConfigProto) []byte {
+	tb.Helper()
+	serialized, err := proto.Marshal(config)
 	require.NoError(tb, err)
-	return config
+	return serialized
 }
 
 // BenchmarkServed measures requests per second of N concurrent callers (N in
@@ -178,9 +184,15 @@ func floorRequest(b *testing.B, input *tf.Tensor) func() request {
 // newSession is a session on the graph s built, closed when tb ends.
 func newSession(tb testing.TB, s *op.Scope) *tf.Session {
 	tb.Helper()
+	return sessionOn(tb, finalized(tb, s), nil)
+}
+
+// finalized is the graph s built.
+func finalized(tb testing.TB, s *op.Scope) *tf.Graph {
+	tb.Helper()
 	graph, err := s.Finalize()
 	require.NoError(tb, err)
-	return sessionOn(tb, graph, nil)
+	return graph
 }
 
 // sessionOn is a session on graph with the serialized tensorflow.ConfigProto
@@ -215,9 +227,7 @@ func matmulWorkload(b *testing.B) workload {
 		s := op.NewScope()
 		x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(n, n)))
 		y := product(s, x, op.Const(s.SubScope("w"), rows(w)))
-		g, err := s.Finalize()
-		require.NoError(b, err)
-		return g, x, y
+		return finalized(b, s), x, y
 	}
 	lib := filepath.Join(filepath.Dir(testLib), "matmul.so")
 	matmul := mustFuncIn(b, lib, "matmul")
@@ -270,8 +280,7 @@ func modelWorkload(b *testing.B, dir string, batch int) workload {
 	s := op.NewScope()
 	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(shape...)))
 	y := mustFuncIn(b, lib, "main").Call(s, x)[0]
-	tvmGraph, err := s.Finalize()
-	require.NoError(b, err)
+	tvmGraph := finalized(b, s)
 	tvm, tvmInCaller := sessionOn(b, tvmGraph, nil), sessionOn(b, tvmGraph, inCallersThread(b))
 
 	keras, err := tf.LoadSavedModel(filepath.Join(dir, "cnn_savedmodel"), []string{"serve"}, nil)
