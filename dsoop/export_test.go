@@ -48,9 +48,6 @@ func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }
 // VMFunctionTables gives the functions a model's executable lists in its function
 // table, as the library carries it (nil when unread), and those of TVM's text form.
 func VMFunctionTables(m *Module) (table, text []string, err error) {
-	if exec, ok := m.entry.sealed.embeds(vmExecutableKind); ok {
-		table = exec.vmFunctions
-	}
 	text, err = m.vmFunctionsFromText()
-	return table, text, err
+	return m.entry.sealed.vmFunctionTable(), text, err
 }

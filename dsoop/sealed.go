@@ -213,6 +213,14 @@ func checkLoaderSlot(progs []*elf.Prog, sym elf.Symbol) error {
 	return nil
 }
 
+// vmFunctionTable is the VM functions of the Relax VM executable the library
+// embeds, as its function table lists them; nil when it embeds none or the
+// table could not be read.
+func (s *sealedLibrary) vmFunctionTable() []string {
+	exec, _ := s.embeds(vmExecutableKind)
+	return exec.vmFunctions
+}
+
 // embeds returns the library's embedded module of that kind, if it has one.
 func (s *sealedLibrary) embeds(kind string) (embeddedModule, bool) {
 	for _, m := range s.embedded {

@@ -84,8 +84,8 @@ func (m *Module) VMFunctions() ([]string, error) {
 	if !m.entry.isVM {
 		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable", m.entry.path)
 	}
-	if exec, ok := m.entry.sealed.embeds(vmExecutableKind); ok && exec.vmFunctions != nil {
-		return slices.Sorted(slices.Values(exec.vmFunctions)), nil
+	if table := m.entry.sealed.vmFunctionTable(); table != nil {
+		return slices.Sorted(slices.Values(table)), nil
 	}
 	return m.vmFunctionsFromText()
 }
