@@ -3,19 +3,12 @@ package dsoop
 import (
 	"bufio"
 	"debug/elf"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"sync"
 )
-
-// ErrUnsupportedCPU means a library needs instructions this CPU lacks: it was
-// compiled for a newer CPU (tf_op.compile with a host-tuned target, on another
-// machine). Running it would die of an illegal instruction; it is refused
-// before anything of it runs.
-var ErrUnsupportedCPU = errors.New("the library needs CPU features this CPU lacks")
 
 // cpuFlagsSymbol is the data symbol in which tf_op.compile records the CPU
 // features its library's code uses: a NUL-terminated, space-separated list of

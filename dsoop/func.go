@@ -7,7 +7,6 @@ package dsoop
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -50,10 +49,6 @@ func newFunc(name, path string, fn C.DsoopFunction) *Func {
 
 // Name is the function's name in its module.
 func (f *Func) Name() string { return f.name }
-
-// ErrClosed is returned by calls on a closed Func or Module, wrapped with what
-// was closed.
-var ErrClosed = errors.New("already closed")
 
 // Call calls the function for its effect. By TVM's destination-passing
 // convention, tensor functions take their inputs, then the outputs they write.

@@ -8,23 +8,10 @@ import "C"
 
 import (
 	"debug/elf"
-	"errors"
 	"fmt"
 	"strings"
 	"unsafe"
 )
-
-// ErrLegacyUnsupported means a library built by TVM 0.8-0.21 that dsoop does not
-// run: it embeds modules that only the old runtime rebuilt (CUDA code, say), it
-// calls back through a context symbol dsoop does not know, or it was built by
-// TVM 0.21 (a hybrid of the two ABIs). It is found before anything of it runs.
-var ErrLegacyUnsupported = errors.New("a library of TVM <= 0.21 that dsoop cannot run")
-
-// ErrLegacyNeedsRuntime is ErrTVMRuntimeNotLoaded, as a library built by TVM
-// 0.8-0.20 gives it: it uses workspace memory or parallel loops.
-//
-// Deprecated: use ErrTVMRuntimeNotLoaded, which libraries of every TVM give.
-var ErrLegacyNeedsRuntime = ErrTVMRuntimeNotLoaded
 
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
 // code, such as CUDA kernels), serialized for the old runtime to rebuild.

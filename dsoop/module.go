@@ -27,21 +27,6 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
-// ErrFunctionNotFound means a module has no function of the requested name.
-var ErrFunctionNotFound = errors.New("function not found")
-
-// ErrNotCode means a name's symbol in the library is data, not a function: a
-// call would jump into it. It is a kind of ErrFunctionNotFound.
-var ErrNotCode = fmt.Errorf("%w: the symbol is data, not code", ErrFunctionNotFound)
-
-// ErrReservedName means a function name is one TVM keeps for its own symbols (a
-// library's context and embedded modules, a function's metadata), never a
-// function of the library's author.
-var ErrReservedName = errors.New("the name is reserved for TVM's own symbols, not a function")
-
-// ErrNotAllowed means a library lies outside the folders of AllowedDirsEnv.
-var ErrNotAllowed = errors.New("library outside the allowed folders")
-
 // AllowedDirsEnv names the environment variable that, when set, lists (separated
 // by ':') the only folders libraries may be loaded from. Loading a library runs
 // its code: this keeps a model from loading one from anywhere else.

@@ -34,10 +34,6 @@ const (
 // probeTimeout bounds a probe: loading a library that hangs is refused too.
 const probeTimeout = 60 * time.Second
 
-// ErrProbeFailed means loading a library in a separate process crashed or hung
-// it: the library is refused in this one.
-var ErrProbeFailed = errors.New("loading the library in a separate process failed")
-
 // probePath is the probe program to run, or "" for none.
 func probePath() string {
 	switch explicit := getenv(ProbeEnv); {

@@ -1,9 +1,3 @@
-// Package dsoop loads TVM modules (libraries made by TVM's export_library, or any
-// library exporting TVM-FFI functions) and calls their functions on DLPack tensors.
-//
-// The calls go through the C code in dsoop.c: Go resolves modules and functions
-// once, and a call is a single C call of the TVM function pointer. The TensorFlow
-// kernels use the same C code on their per-call path without entering Go.
 package dsoop
 
 /*
@@ -15,11 +9,9 @@ package dsoop
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"unsafe"
 )
@@ -43,29 +35,12 @@ const (
 	cudartLibraryName = "libcudart.so.13"
 )
 
-// ErrRuntimeNotFound means the TVM-FFI runtime library could not be opened.
-var ErrRuntimeNotFound = errors.New("TVM-FFI runtime (" + ffiLibraryName + ") not found")
-
-// ErrRuntimeVersion means the TVM-FFI runtime is of another major.minor version
-// than the TVM-FFI headers dsoop was compiled with. TVM-FFI is at 0.x, where a
-// minor release may change the C ABI, so such a runtime is refused before
-// anything of it but its version is called.
-var ErrRuntimeVersion = errors.New("TVM-FFI runtime of another version than dsoop was built for")
-
 // runtimeHelp says where the runtime libraries come from and how dsoop finds
 // them: the fix for ErrRuntimeNotFound.
 const runtimeHelp = "install the pip package apache-tvm-ffi and set " + LibraryPathEnv + " to the folder holding " +
 	ffiLibraryName + ", its tvm_ffi/lib folder (`python -c \"import tvm_ffi.libinfo as l; print(l.find_libtvm_ffi())\"` " +
 	"prints the library's path); for libraries made by tvm.compile, add the folder of " + runtimeLibraryName +
 	", the tvm/lib folder of the pip package apache-tvm (`python -c \"import tvm.libinfo as l; print(l.find_libtvm_runtime())\"`)"
-
-// ErrTVMRuntimeNotLoaded means a library needs TVM's runtime (libtvm_runtime.so),
-// which was not found on the search path: it calls through pointers that the
-// runtime fills at load (workspace memory, parallel loops: TVMBackendParallelLaunch,
-// ...), or it embeds a module that the runtime loads (a Relax VM executable). A
-// function called through such a pointer left unset would jump to address zero:
-// the library is refused before any of its functions runs.
-var ErrTVMRuntimeNotLoaded = errors.New("the library needs TVM's runtime (" + runtimeLibraryName + "), which was not found")
 
 // tvmRuntimeHelp says how to get TVM's runtime: the fix for ErrTVMRuntimeNotLoaded.
 const tvmRuntimeHelp = "install the pip package apache-tvm (tf_op's [tvm] extra) and add its tvm/lib folder to " +
@@ -77,15 +52,6 @@ func tvmRuntimePath() string {
 	defer initMu.Unlock()
 	return found.runtime
 }
-
-// ErrCUDARuntimeNotLoaded means a library holds CUDA code but TVM's CUDA runtime,
-// which loads such code, could not be opened (the error says why).
-var ErrCUDARuntimeNotLoaded = errors.New("TVM's CUDA runtime did not load")
-
-// ErrCUDASourceNotCompiled means a library carries CUDA C++ source where compiled
-// GPU code was expected: TVM compiled it on a machine without a CUDA driver, and
-// compiles such source at load only through a callback of its Python package.
-var ErrCUDASourceNotCompiled = errors.New("the library carries CUDA source, not compiled GPU code")
 
 var (
 	initMu  sync.Mutex
@@ -264,23 +230,4 @@ func getenv(name string) string {
 func isFile(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
-}
-
-// Error is a failure reported by TVM: its error kind ("ValueError",
-// "RuntimeError", ...) and message.
-type Error struct {
-	Kind    string
-	Message string
-}
-
-func (e *Error) Error() string { return e.Kind + ": " + e.Message }
-
-// takeError converts and frees a C error.
-func takeError(cerr *C.DsoopError) *Error {
-	defer C.dsoop_error_clear(cerr)
-	e := &Error{Kind: C.GoString(cerr.kind), Message: strings.TrimSpace(C.GoString(cerr.message))}
-	if e.Kind == "" {
-		e.Kind = "RuntimeError"
-	}
-	return e
 }

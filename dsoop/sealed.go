@@ -16,15 +16,6 @@ import (
 	"unsafe"
 )
 
-// ErrNotALibrary means a file is not a shared library this process can load:
-// not ELF, another class or machine, not a shared object, or with headers that
-// point outside the file. It is found before anything of the file runs.
-var ErrNotALibrary = errors.New("not a loadable shared library")
-
-// ErrDigestMismatch means a library's SHA-256 is not the one asked for: it is
-// not the library a model was built with. It is found before anything runs.
-var ErrDigestMismatch = errors.New("refusing a library that is not the one the model was built with")
-
 // sealedLibrary is a library's bytes, read once from its file into a sealed
 // memory file (memfd): what was hashed and checked is exactly what the loader
 // maps, and nothing done to the file on disk afterwards (an overwrite, a

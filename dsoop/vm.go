@@ -27,27 +27,6 @@ import (
 // inter-op thread pool).
 const VMInstancesEnv = "TVMDSOOP_VM_INSTANCES"
 
-// ErrArity means a model function was called with the wrong number of inputs.
-var ErrArity = errors.New("wrong number of inputs")
-
-// FunctionNotFoundError is the error of a function a module does not have. For a
-// whole model (a Relax VM executable), Available lists the model's functions.
-type FunctionNotFoundError struct {
-	Path, Name string
-	Available  []string // nil for libraries of plain functions
-}
-
-func (e *FunctionNotFoundError) Error() string {
-	msg := fmt.Sprintf("dsoop: library %s: %v: %q", e.Path, ErrFunctionNotFound, e.Name)
-	if e.Available != nil {
-		msg += "; the model's functions are " + strings.Join(e.Available, ", ")
-	}
-	return msg
-}
-
-// Is makes errors.Is(err, ErrFunctionNotFound) hold.
-func (e *FunctionNotFoundError) Is(target error) bool { return target == ErrFunctionNotFound }
-
 // vmPool is one C pool of VM instances of a module's executable on one device.
 // It is freed with its last reference: the module entry's, and each VMFunc's.
 // References given to C holders (native.RetainVMFunc) are never returned.
@@ -110,10 +89,6 @@ func (m *Module) vmFunctionsFromText() ([]string, error) {
 	slices.Sort(names)
 	return names, nil
 }
-
-// ErrCUDAModelOnCPU: a model whose kernels are CUDA code was asked to run on the
-// CPU, where its VM would hand host memory to GPU kernels.
-var ErrCUDAModelOnCPU = errors.New("the model's kernels are CUDA code: it runs on a CUDA device, not the CPU")
 
 // checkModelDevice refuses a model compiled for CUDA on the CPU (a CUDA target's
 // library under a TF kernel placed on the CPU).
