@@ -14,18 +14,6 @@ import (
 // include/tvm/ffi/extra/module.h, symbol::tvm_ffi_library_bin).
 const libraryBinSymbol = ffiSymbolPrefix + "_library_bin"
 
-// cudaKind is the kind of the module that holds a library's CUDA code; its
-// loader is registered by TVM's CUDA runtime as cudaLoaderName.
-const (
-	cudaKind       = "cuda"
-	cudaLoaderName = "ffi.Module.load_from_bytes." + cudaKind
-	// cudaSourceFormat is the format of CUDA code kept as C++ source, which
-	// TVM's CUDA runtime compiles at load only through cudaCompileCallback, a
-	// function of TVM's Python package.
-	cudaSourceFormat    = "cuda"
-	cudaCompileCallback = "tvm_callback_cuda_compile"
-)
-
 // embeddedModule is one module of a library's libraryBinSymbol: its kind
 // ("cuda", "relax.VMExecutable", ...) and, for CUDA code, the code's format
 // ("cuda" for C++ source, "ptx", "cubin", "fatbin").

@@ -3,34 +3,21 @@ package dsoop
 /*
 #include <stdlib.h>
 #include "dsoop.h"
-#include "vm.h"
 #include "legacy.h"
 */
 import "C"
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
-
-// AllowedDirsEnv names the environment variable that, when set, lists (separated
-// by ':') the only folders libraries may be loaded from. Loading a library runs
-// its code: this keeps a model from loading one from anywhere else.
-const AllowedDirsEnv = "TVMDSOOP_ALLOWED_DIRS"
 
 // Module is an open TVM module. A library is loaded once per process per path:
 // every Open of the same file shares one loaded module, which is released when
@@ -66,41 +53,6 @@ type moduleEntry struct {
 	funcs   map[string]C.DsoopFunction // looked up so far, one object per name, released with the entry
 }
 
-var (
-	modulesMu sync.Mutex
-	modules   = map[string]*moduleEntry{} // the latest entry loaded from each path
-	// loading serialises the Opens of each path, and only of that path: a large
-	// library being read, hashed, probed and loaded stalls no Open of another.
-	loading = map[string]*pathLock{} // guarded by modulesMu
-)
-
-// pathLock is held by the Open of a path in progress; others of the path wait.
-type pathLock struct {
-	mu      sync.Mutex
-	waiters int // the Opens holding or waiting for mu; guarded by modulesMu
-}
-
-// lockPath waits for the Opens of path in progress, and returns the unlock.
-func lockPath(path string) (unlock func()) {
-	modulesMu.Lock()
-	l := loading[path]
-	if l == nil {
-		l = &pathLock{}
-		loading[path] = l
-	}
-	l.waiters++
-	modulesMu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		modulesMu.Lock()
-		defer modulesMu.Unlock()
-		if l.waiters--; l.waiters == 0 {
-			delete(loading, path)
-		}
-	}
-}
-
 // newModule makes a Module of one more open of e, which is counted already.
 func newModule(e *moduleEntry) *Module {
 	m := &Module{entry: e, ref: &moduleRef{entry: e}}
@@ -108,260 +60,11 @@ func newModule(e *moduleEntry) *Module {
 	return m
 }
 
-// Open loads the TVM module at path, or shares the one already loaded from it.
-func Open(path string) (*Module, error) { return OpenPinned(path, "") }
-
-// OpenPinned is Open for a library that must have the SHA-256 sha256 (hex; ""
-// for any). The file is read once into a sealed memory file, and its digest and
-// ELF structure are checked there before anything of it runs; the loader then
-// maps that same copy, so nothing done to the file on disk afterwards changes
-// what runs. A mismatch is ErrDigestMismatch, naming both digests.
-//
-// A path already loaded is shared while its file is unchanged (same size,
-// modification time and inode); a changed file (a library rebuilt in place) is
-// loaded anew, and the old copy stays with whoever holds it.
-func OpenPinned(path, sha256 string) (*Module, error) {
-	if strings.ContainsRune(path, 0) {
-		return nil, fmt.Errorf("dsoop: library path %q holds a NUL byte", path)
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %q: %w", path, err)
-	}
-	// Checked at every Open, not only the first: the allow-list may have changed.
-	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
-		return nil, err
-	}
-	// Checked here so that the common mistakes get clear errors, not the loader's.
-	st, err := os.Stat(abs)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
-	}
-	if !st.Mode().IsRegular() {
-		// A directory, a device or a FIFO: reading one to hash it could block forever.
-		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
-	}
-	defer lockPath(abs)()
-	if m, err := openLoaded(abs, st, sha256); m != nil || err != nil {
-		return m, err
-	}
-	sealed, err := sealLibrary(abs)
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
-	}
-	// The memfd stays open for the life of the process: the loaded library is
-	// mapped from it, and backtraces read the library through its path.
-	if err := checkDigest(abs, sealed.digest, sha256); err != nil {
-		sealed.close()
-		return nil, err
-	}
-	if err := Init(); err != nil {
-		sealed.close()
-		return nil, err
-	}
-	// A library without a pinned digest is tried in a separate process first; a
-	// pinned one is the library the model was built with.
-	if sha256 == "" {
-		initMu.Lock()
-		libs := found
-		initMu.Unlock()
-		if err := probe(sealed, libs); err != nil {
-			sealed.close()
-			return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
-		}
-	}
-	if sealed.legacy != nil {
-		lib, err := openLegacy(sealed, abs)
-		if err != nil {
-			sealed.close()
-			return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
-		}
-		return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, legacy: lib, opens: 1}), nil
-	}
-	handle, err := loadModule(sealed)
-	if err != nil {
-		sealed.close()
-		return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
-	}
-	var cerr C.DsoopError
-	isVM := C.dsoop_module_is_vm(handle, &cerr)
-	if isVM < 0 {
-		C.dsoop_object_release(handle)
-		sealed.close() // the library goes unused: its memfd need not outlive this call
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
-	}
-	return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}), nil
-}
-
-// addEntry records a library just loaded as its path's, and opens it.
-func addEntry(e *moduleEntry) *Module {
-	modulesMu.Lock()
-	modules[e.path] = e
-	modulesMu.Unlock()
-	return newModule(e)
-}
-
-// openLoaded opens the library already loaded from path when its file is still
-// the one st describes; nil and no error when there is none.
-func openLoaded(path string, st os.FileInfo, sha256 string) (*Module, error) {
-	modulesMu.Lock()
-	defer modulesMu.Unlock()
-	e, ok := modules[path]
-	if !ok || !sameFile(e.stat, st) {
-		return nil, nil
-	}
-	if err := checkDigest(path, e.sealed.digest, sha256); err != nil {
-		return nil, err
-	}
-	e.opens++
-	return newModule(e), nil
-}
-
-// checkDigest refuses a library whose digest is not want (when want is set).
-func checkDigest(path, digest, want string) error {
-	if want == "" || strings.EqualFold(digest, want) {
-		return nil
-	}
-	return fmt.Errorf("%w: the library at %s has SHA-256 %s, the model expects %s", ErrDigestMismatch, path, digest, want)
-}
-
-// sameFile reports whether two stats of a path are of the same, unchanged file.
-func sameFile(a, b os.FileInfo) bool {
-	if a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime()) {
-		return false
-	}
-	as, aok := a.Sys().(*syscall.Stat_t)
-	bs, bok := b.Sys().(*syscall.Stat_t)
-	return !aok || !bok || (as.Dev == bs.Dev && as.Ino == bs.Ino)
-}
-
-// loadModule loads the sealed library through TVM's loader. CUDA code in it
-// needs TVM's CUDA runtime, which registers the loader of such code: it is opened
-// first when no loader is registered yet.
-func loadModule(s *sealedLibrary) (C.TVMFFIObjectHandle, error) {
-	cuda, holdsCUDA := s.embeds(cudaKind)
-	var cudaErr error
-	if holdsCUDA && !hasGlobal(cudaLoaderName) {
-		cudaErr = loadCUDARuntime()
-	}
-	cpath := C.CString(s.loadPath())
-	defer C.free(unsafe.Pointer(cpath))
-	var handle C.TVMFFIObjectHandle
-	var cerr C.DsoopError
-	if C.dsoop_module_load(cpath, &handle, &cerr) != 0 {
-		err := takeError(&cerr)
-		if !holdsCUDA && len(s.embedded) > 0 && tvmRuntimePath() == "" {
-			return nil, fmt.Errorf("%w (%w: it embeds a %s module, which TVM's runtime loads; %s)", err,
-				ErrTVMRuntimeNotLoaded, s.embedded[0].kind, tvmRuntimeHelp)
-		}
-		return nil, explainLoadFailure(err, cuda, cudaErr, hasGlobal)
-	}
-	if err := checkContextPointers(cpath, s.contextPointers); err != nil {
-		C.dsoop_object_release(handle)
-		return nil, err
-	}
-	return handle, nil
-}
-
-// checkContextPointers refuses the library loaded from cpath when TVM's loader
-// left one of its context pointers (names) unset: a call through it would jump
-// to address zero. TVM's loader fills them with the functions TVM's runtime
-// registers, so a library built by tvm.compile needs that runtime loaded.
-func checkContextPointers(cpath *C.char, names []string) error {
-	if len(names) == 0 {
-		return nil
-	}
-	cnames := make([]*C.char, len(names))
-	for i, name := range names {
-		cnames[i] = C.CString(name)
-		defer C.free(unsafe.Pointer(cnames[i]))
-	}
-	unset := C.dsoop_library_unset_pointer(cpath, &cnames[0], C.int32_t(len(cnames)))
-	if unset < 0 {
-		return nil
-	}
-	pointer := names[unset]
-	function := strings.TrimPrefix(pointer, "__")
-	runtime := tvmRuntimePath()
-	if runtime == "" {
-		return fmt.Errorf("%w: it calls %s through %s, which TVM's runtime fills; %s",
-			ErrTVMRuntimeNotLoaded, function, pointer, tvmRuntimeHelp)
-	}
-	return fmt.Errorf("it calls %s through %s, which TVM's loader left unset: the TVM runtime %s provides "+
-		"no %s; rebuild the library with the TVM of that runtime", function, pointer, runtime, function)
-}
-
-// explainLoadFailure says what stopped TVM's loader when a library holds CUDA
-// code (cuda is its embedded module; none for other libraries), from what the
-// library holds and which steps before the load failed, never from TVM's
-// wording: TVM's CUDA runtime did not open (cudaErr), or the code is CUDA source
-// and nothing in the process compiles it (exists tells the runtime's global
-// functions). Other failures pass unchanged.
-func explainLoadFailure(err *Error, cuda embeddedModule, cudaErr error, exists func(name string) bool) error {
-	switch {
-	case cuda.kind == "":
-		return err
-	case cudaErr != nil:
-		return fmt.Errorf("%w (the library holds CUDA code, and %w: %v)", err, ErrCUDARuntimeNotLoaded, cudaErr)
-	case cuda.format == cudaSourceFormat && !exists(cudaCompileCallback):
-		return fmt.Errorf("%w (%w: compile it with TVM where a CUDA driver is, see docs/gpu.md)", err, ErrCUDASourceNotCompiled)
-	default:
-		return err
-	}
-}
-
 // Path is the absolute path the module was loaded from.
 func (m *Module) Path() string { return m.entry.path }
 
 // SHA256 is the hex SHA-256 of the bytes loaded: the file as read into the sealed copy.
 func (m *Module) SHA256() string { return m.entry.sealed.digest }
-
-// FileSHA256 is the hex SHA-256 of a file's contents, read in a stream.
-func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// checkAllowed refuses a library outside the folders of allowed (':'-separated);
-// an empty allowed permits every folder. Symbolic links are resolved first, so a
-// link inside an allowed folder cannot point outside it.
-func checkAllowed(path, allowed string) error {
-	if allowed == "" {
-		return nil
-	}
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return fmt.Errorf("dsoop: library %s: %w", path, err)
-	}
-	for _, dir := range filepath.SplitList(allowed) {
-		if dir == "" {
-			continue
-		}
-		// Relative to what? The working directory of a server is no policy.
-		if !filepath.IsAbs(dir) {
-			return fmt.Errorf("dsoop: %w: %s=%s holds %q, which is not an absolute path", ErrNotAllowed, AllowedDirsEnv, allowed, dir)
-		}
-		realDir, err := filepath.EvalSymlinks(dir)
-		if err != nil {
-			continue // a folder that does not exist allows nothing
-		}
-		if rel, err := filepath.Rel(realDir, real); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-			return nil
-		}
-	}
-	return fmt.Errorf("dsoop: %w: %s is not in %s=%s", ErrNotAllowed, real, AllowedDirsEnv, allowed)
-}
 
 // ffiSymbolPrefix begins the symbol of every function a library exports to
 // TVM-FFI (TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm.compile's functions).

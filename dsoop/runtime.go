@@ -58,9 +58,6 @@ var (
 	initErr error
 	inited  bool
 	found   libraries // the libraries Init found, written under initMu
-
-	cudaOnce sync.Once
-	cudaErr  error // why TVM's CUDA runtime did not load; nil once it has
 )
 
 // Init opens the TVM-FFI runtime (and the TVM runtime when present) with
@@ -127,31 +124,6 @@ func checkRuntimeVersion(file string, found, built version) error {
 	return fmt.Errorf("dsoop: %w: %s is TVM-FFI %s, dsoop was built with the headers of TVM-FFI %s, and the major.minor "+
 		"versions must match: install apache-tvm-ffi %d.%d.x, or point %s at its tvm_ffi/lib folder",
 		ErrRuntimeVersion, file, found, built, built.major, built.minor, LibraryPathEnv)
-}
-
-// loadCUDARuntime opens TVM's CUDA runtime, once, when the first library holding
-// CUDA code asks for it: a process that loads none never opens the CUDA
-// libraries (and CPU-only machines lack the CUDA driver they link).
-func loadCUDARuntime() error {
-	cudaOnce.Do(func() {
-		initMu.Lock()
-		libs := found
-		initMu.Unlock()
-		cudaErr = openCUDARuntime(libs)
-	})
-	return cudaErr
-}
-
-func openCUDARuntime(libs libraries) error {
-	if libs.cudaRuntime == "" {
-		return fmt.Errorf("%s is not beside %s on %s", cudaRuntimeLibraryName, runtimeLibraryName, LibraryPathEnv)
-	}
-	if libs.cudart != "" {
-		if err := loadExtension(libs.cudart); err != nil {
-			return err
-		}
-	}
-	return loadExtension(libs.cudaRuntime)
 }
 
 func loadExtension(path string) error {

@@ -90,15 +90,6 @@ func (m *Module) vmFunctionsFromText() ([]string, error) {
 	return names, nil
 }
 
-// checkModelDevice refuses a model compiled for CUDA on the CPU (a CUDA target's
-// library under a TF kernel placed on the CPU).
-func checkModelDevice(s *sealedLibrary, device dlpack.Device) error {
-	if _, cuda := s.embeds(cudaKind); cuda && device.Type == dlpack.CPU {
-		return ErrCUDAModelOnCPU
-	}
-	return nil
-}
-
 // vmInstances is the bound on a pool's instances.
 func vmInstances() (int, error) {
 	value := os.Getenv(VMInstancesEnv)
