@@ -10,11 +10,8 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
-	"regexp"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
@@ -22,113 +19,10 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
-// VMInstancesEnv names the environment variable that bounds the VM instances of
-// one model on one device (default: the number of CPUs, as TensorFlow sizes its
-// inter-op thread pool).
-const VMInstancesEnv = "TVMDSOOP_VM_INSTANCES"
-
-// vmPool is one C pool of VM instances of a module's executable on one device.
-// It is freed with its last reference: the module entry's, and each VMFunc's.
-// References given to C holders (native.RetainVMFunc) are never returned.
-type vmPool struct {
-	ptr  *C.DsoopVMPool
-	refs int // guarded by poolsMu
-}
-
-var poolsMu sync.Mutex // guards moduleEntry.pools and vmPool.refs
-
-func (p *vmPool) release() {
-	poolsMu.Lock()
-	defer poolsMu.Unlock()
-	p.refs--
-	if p.refs == 0 {
-		C.dsoop_vm_pool_destroy(p.ptr)
-	}
-}
-
 // IsVM reports whether the library holds a whole model: a Relax VM executable
 // (tvm.compile of Relax functions, then export_library). Its functions are called
 // through VMFunc, and return their outputs.
 func (m *Module) IsVM() bool { return m.entry.isVM }
-
-// vmFunctionHeader finds the VM functions in the executable's text form: each
-// begins with "@name:" alone on a line (kernels and builtins end with
-// "packed_func;").
-var vmFunctionHeader = regexp.MustCompile(`(?m)^@(\S+):$`)
-
-// VMFunctions lists the functions of the model, sorted (its entry points: main,
-// forward, ...), for messages: from the executable's function table as the
-// library carries it, else from TVM's text form of the executable.
-func (m *Module) VMFunctions() ([]string, error) {
-	if !m.entry.isVM {
-		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable", m.entry.path)
-	}
-	if table := m.entry.sealed.vmFunctionTable(); table != nil {
-		return slices.Sorted(slices.Values(table)), nil
-	}
-	return m.vmFunctionsFromText()
-}
-
-// vmFunctionsFromText lists the model's functions from TVM's text form of the
-// executable, which decodes every instruction.
-func (m *Module) vmFunctionsFromText() ([]string, error) {
-	asText, err := m.Func("as_text")
-	if err != nil {
-		return nil, err
-	}
-	defer asText.Close()
-	text, err := asText.CallValue()
-	if err != nil {
-		return nil, err
-	}
-	s, _ := text.(string)
-	var names []string
-	for _, match := range vmFunctionHeader.FindAllStringSubmatch(s, -1) {
-		names = append(names, match[1])
-	}
-	slices.Sort(names)
-	return names, nil
-}
-
-// vmInstances is the bound on a pool's instances.
-func vmInstances() (int, error) {
-	value := os.Getenv(VMInstancesEnv)
-	if value == "" {
-		return runtime.NumCPU(), nil
-	}
-	n, err := strconv.Atoi(value)
-	if err != nil || n < 1 || n > 1<<16 {
-		return 0, fmt.Errorf("dsoop: %s=%q: want a number of VM instances from 1 to 65536", VMInstancesEnv, value)
-	}
-	return n, nil
-}
-
-// pool is the module's pool of VM instances on device, made at its first use,
-// with a new reference for the caller.
-func (m *Module) pool(device dlpack.Device) (*vmPool, error) {
-	poolsMu.Lock()
-	defer poolsMu.Unlock()
-	if p, ok := m.entry.pools[device]; ok {
-		p.refs++
-		return p, nil
-	}
-	instances, err := vmInstances()
-	if err != nil {
-		return nil, err
-	}
-	var ptr *C.DsoopVMPool
-	var cerr C.DsoopError
-	if C.dsoop_vm_pool_create(m.entry.handle, C.int32_t(device.Type), C.int32_t(device.ID),
-		C.int32_t(instances), &ptr, &cerr) != 0 {
-		return nil, fmt.Errorf("dsoop: library %s: cannot start the model's VM on %v: %w", m.entry.path, device, takeError(&cerr))
-	}
-	p := &vmPool{ptr: ptr, refs: 2} // the entry's and the caller's
-	if m.entry.pools == nil {
-		m.entry.pools = map[dlpack.Device]*vmPool{}
-	}
-	m.entry.pools[device] = p
-	return p, nil
-}
 
 // VMFunc is a function of a whole model (see Module.IsVM) on one device. Calls
 // from many goroutines run at once, each on a VM instance of its own from the
