@@ -32,3 +32,25 @@
 // ErrFunctionNotFound, ...): test for them with errors.Is. A failure that TVM
 // reports is an [*Error], with TVM's error kind and message.
 package dsoop
+
+// Where each concern of the package lives:
+//
+//   - errors.go: every sentinel error, Error and FunctionNotFoundError.
+//   - runtime.go: finding and opening the runtime libraries (Init).
+//   - open.go: Open and OpenPinned, the libraries loaded by path, the lock that
+//     serialises the Opens of one path, and digest pinning.
+//   - allowlist.go: the folders libraries may be loaded from.
+//   - sealed.go: a library's sealed copy and the checks of its ELF structure;
+//     cpuflags.go: the CPU features it needs; embedded.go: the modules it
+//     carries for TVM's loader; probe.go: its load in a separate process.
+//   - loader.go: the load through TVM's loader, and the check of what it left unset.
+//   - legacy.go: libraries of TVM 0.8-0.21 (legacy.c loads those it runs).
+//   - cuda.go: libraries holding CUDA code: TVM's CUDA runtime, opened when one
+//     first needs it; why their load failed; their models refused on the CPU.
+//   - module.go: Module, its lifetime and the lookup of its functions.
+//   - func.go, frame.go: Func, and a call's arguments in C memory.
+//   - vmpool.go: a model's pools of VM instances, one per device (vm.c).
+//   - vmfunctions.go: the list of a model's functions.
+//   - vm.go: VMFunc and the call of a model's function.
+//   - native.go: what the TensorFlow kernels reach through internal/native.
+//   - dsoop.c, goapi.c, vm.c, legacy.c: the C side, with no Go on its call path.
