@@ -99,7 +99,7 @@ var ErrClosed = errors.New("already closed")
 // ErrArity means a model function was called with the wrong number of inputs.
 var ErrArity = errors.New("wrong number of inputs")
 
-// ErrCUDAModelOnCPU: a model whose kernels are CUDA code was asked to run on the
+// ErrCUDAModelOnCPU means a model whose kernels are CUDA code was asked to run on the
 // CPU, where its VM would hand host memory to GPU kernels.
 var ErrCUDAModelOnCPU = errors.New("the model's kernels are CUDA code: it runs on a CUDA device, not the CPU")
 
