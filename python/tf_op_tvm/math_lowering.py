@@ -2,22 +2,22 @@
 
 TVM lowers ``exp`` and ``log`` on CPUs to calls of libm's ``expf`` and ``logf``,
 one element at a time: LLVM cannot vectorize a loop that calls them, and in a
-small fused kernel they are most of the time (the bridge's ``tf.function`` of
-math ops at batch 32: 23 of 30 µs). TensorFlow's kernels use Eigen's polynomial
+small fused kernel they are most of the time (``tf_op.compile`` of a ``tf.function``
+of math ops at batch 32: 23 of 30 µs). TensorFlow's kernels use Eigen's polynomial
 ``pexp``/``plog`` on whole vectors instead. ``register()`` makes TVM lower both
 to the same Cephes polynomials Eigen uses, written as plain arithmetic on the
 float's bits, which LLVM vectorizes like any elementwise code.
 
 Accuracy: within 1 ulp of the exact value for normal inputs and results, as
-libm's (tests/python/test_bridge.py measures it against numpy in float64, on a
+libm's (tests/python/test_compiler.py measures it against numpy in float64, on a
 million inputs). Special values are kept: NaN gives
 NaN, ``exp`` of a large x gives inf, ``log(0)`` is -inf, ``log`` of a negative
 number is NaN, ``log(inf)`` is inf. Results below the smallest normal float
 (``exp(x)`` for x < -87.34) are subnormal, as in libm, and 0 below -103.97;
 ``log`` of a subnormal input is computed after scaling it up.
 
-Only the TVM worker process (``_tvm_compile.py``) imports this: registering
-changes how that process lowers every llvm function it compiles.
+Only the TVM worker (``compile_model.py``) registers it: registering changes
+how that process lowers every llvm function it compiles.
 """
 
 from __future__ import annotations

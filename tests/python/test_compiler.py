@@ -24,10 +24,13 @@ import tensorflow as tf
 from conftest import TVM_PYTHON
 from helpers import run_python
 
-import tf_op
 from tf_op import CompileError, compile
+from tf_op.compiler import worker
 
 RTOL = ATOL = 1e-5
+
+#: The tf_op_tvm package's folder (the worker's), found as tf_op.compile finds it.
+TVM_PACKAGE = worker.package_dir()
 
 
 def _mlp() -> keras.Model:
@@ -163,13 +166,13 @@ _FRESH_PROCESS_SCRIPT = textwrap.dedent("""
 def test_second_process_hits_the_cache(tmp_path: Path) -> None:
     first = run_python(_FRESH_PROCESS_SCRIPT, str(tmp_path))
     assert first.returncode == 0, first.stderr
-    assert "tf_op.bridge: TVM compiled" in first.stderr
+    assert "tf_op.compiler: TVM compiled" in first.stderr
     (lib,) = _libraries(tmp_path)
     mtime = lib.stat().st_mtime_ns
 
     second = run_python(_FRESH_PROCESS_SCRIPT, str(tmp_path))
     assert second.returncode == 0, second.stderr
-    assert "tf_op.bridge: cache hit" in second.stderr
+    assert "tf_op.compiler: cache hit" in second.stderr
     assert "TVM compiled" not in second.stderr
     assert _libraries(tmp_path) == [lib] and lib.stat().st_mtime_ns == mtime
 
@@ -183,7 +186,7 @@ def test_corrupted_cache_entry_is_rebuilt(tmp_path: Path, caplog: pytest.LogCapt
     data[len(data) // 2] ^= 0xFF
     lib.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.INFO, logger="tf_op.bridge"):
+    with caplog.at_level(logging.INFO, logger="tf_op.compiler"):
         y = compile(model, [tf.TensorSpec([2, 16])], cache_dir=tmp_path)(x)
     assert "does not match its recorded sha256" in caplog.text
     assert "TVM compiled" in caplog.text
@@ -243,12 +246,13 @@ def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> N
 
 
 #: Run on the TVM Python: the worker's host target on this CPU, and on this CPU
-#: as a virtual machine that hides AVX2 from /proc/cpuinfo would show it.
+#: as a virtual machine that hides AVX2 from /proc/cpuinfo would show it. The
+#: worker is imported from its folder, as it runs.
 _HOST_TARGET = """
 import json, sys
 import tvm
 sys.path.insert(0, sys.argv[1])
-import _tvm_compile as worker
+import compile_model as worker
 targets = {"this": worker.host_target()}
 flags = worker.proc_cpu_flags()
 worker.proc_cpu_flags = lambda: flags - {"avx2"}
@@ -259,7 +263,7 @@ print(json.dumps({name: [t, worker.cpu_flags(tvm.target.Target(t))] for name, t 
 
 @pytest.mark.skipif("avx2" not in _HOST_FLAGS, reason="needs an x86 CPU with AVX2")
 def test_native_target_uses_only_the_extensions_the_cpu_lists() -> None:
-    result = subprocess.run([TVM_PYTHON, "-c", _HOST_TARGET, str(Path(tf_op.__file__).parent)],
+    result = subprocess.run([TVM_PYTHON, "-c", _HOST_TARGET, str(TVM_PACKAGE)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.splitlines()[-1])
@@ -272,16 +276,16 @@ def test_native_target_uses_only_the_extensions_the_cpu_lists() -> None:
 def test_native_target_is_kept_for_the_next_process(tmp_path: Path) -> None:
     """Naming the CPU starts TVM (seconds): the answer is kept in the cache folder
     for later processes, and a kept file that is not a CPU target is replaced."""
-    from tf_op.bridge import _cpu_identity, _host_target, _resolved, _tvm_python, _tvm_version
+    from tf_op.compiler.targets import cpu_identity, host_target, resolved
 
-    if not _cpu_identity():
+    if not cpu_identity():
         pytest.skip("/proc/cpuinfo names no CPU here: nothing says a kept answer is for this one")
-    python = _tvm_python()
-    version = _tvm_version(python)
+    python = worker.tvm_python()
+    version = worker.tvm_version(python)
 
     def resolve() -> object:
-        _host_target.cache_clear()  # as a new process
-        return _resolved("native", python, version, tmp_path)
+        host_target.cache_clear()  # as a new process
+        return resolved("native", python, version, tmp_path)
 
     this = resolve()
     (kept,) = tmp_path.glob("host-target-*.json")
@@ -336,7 +340,7 @@ def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest
     of the CNN (two convolutions, two poolings, the dense layer), and the values
     are still Keras's."""
     model, x = _cnn(), _inputs(2, 16, 16, 3)
-    caplog.set_level(logging.INFO, logger="tf_op.bridge")
+    caplog.set_level(logging.INFO, logger="tf_op.compiler")
     y = compile(model, cache_dir=tmp_path, batch_sizes=[2])(x)
     np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert "scheduled 5 of 5 reductions with the output channel innermost" in caplog.text, caplog.text
@@ -346,7 +350,7 @@ _PARALLEL_SCRIPT = textwrap.dedent("""
     import logging, sys
     import numpy as np
     sys.path.insert(0, sys.argv[2])
-    from test_bridge import ATOL, RTOL, _cnn, _inputs
+    from test_compiler import ATOL, RTOL, _cnn, _inputs
     from tf_op import compile
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     model, x = _cnn(), _inputs(8, 16, 16, 3)
@@ -369,11 +373,12 @@ def test_large_untuned_loop_nests_run_on_tvms_threads(tmp_path: Path) -> None:
 
 #: Run on the TVM Python: channel_innermost on a matmul whose weight is (K, N),
 #: where the output channel is contiguous everywhere, and (N, K), where it is not.
+#: The worker is imported through its package here.
 _CHANNEL_INNERMOST = """
 import sys
 from tvm import s_tir, te
 sys.path.insert(0, sys.argv[1])
-from _tvm_compile import channel_innermost
+from tf_op_tvm.compile_model import channel_innermost
 for layout in ("kn", "nk"):
     x, k = te.placeholder((4, 16), name="x"), te.reduce_axis((0, 16), name="k")
     w = te.placeholder((16, 8) if layout == "kn" else (8, 16), name="w")
@@ -386,7 +391,7 @@ for layout in ("kn", "nk"):
 
 
 def test_channel_innermost_moves_only_a_contiguous_channel() -> None:
-    result = subprocess.run([TVM_PYTHON, "-c", _CHANNEL_INNERMOST, str(Path(tf_op.__file__).parent)],
+    result = subprocess.run([TVM_PYTHON, "-c", _CHANNEL_INNERMOST, str(TVM_PACKAGE.parent)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["kn True i k j", "nk False i j k"]
@@ -401,9 +406,9 @@ import json, sys
 import numpy as np, tvm
 from tvm import s_tir, te, tirx
 sys.path.insert(0, sys.argv[1])
-import _tvm_math
-_tvm_math.register()
-_tvm_math.register()  # a second call is harmless
+import math_lowering
+math_lowering.register()
+math_lowering.register()  # a second call is harmless
 np.seterr(all="ignore")  # numpy's reference overflows and takes logs of negatives on purpose
 target, n, rng, out = json.loads(sys.argv[2]), 1 << 20, np.random.default_rng(0), {}
 specials = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, -87.4, -103.0, -104.0, 1e-40, 1e-45, 3.4e38]
@@ -441,7 +446,7 @@ def test_exp_and_log_lower_to_polynomials_within_an_ulp(target: dict[str, str]) 
     """The worker lowers float32 exp and log, scalar or vector, to polynomials
     (no libm call left), as exact as libm's on a million inputs (subnormal
     results: within one subnormal step), NaN, inf and 0 kept, FMA or not."""
-    result = subprocess.run([TVM_PYTHON, "-c", _VECTOR_MATH, str(Path(tf_op.__file__).parent), json.dumps(target)],
+    result = subprocess.run([TVM_PYTHON, "-c", _VECTOR_MATH, str(TVM_PACKAGE), json.dumps(target)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.splitlines()[-1])
@@ -461,7 +466,7 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     tuned kernels keep their schedule, that the faster of the tuned and the
     untuned library is kept, that it is right, and cached under its own key."""
     model, x = _mlp(), _inputs(4, 16)
-    caplog.set_level(logging.INFO, logger="tf_op.bridge")
+    caplog.set_level(logging.INFO, logger="tf_op.compiler")
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
     assert tuned.target == "native", "a tuned library is for the CPU it was measured on"
     np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
@@ -480,13 +485,13 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
 def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tuned entry is the library that ran faster with the worker's thread
     settings: other settings get another entry; untuned entries do not depend on them."""
-    from tf_op.bridge import _cache_key
+    from tf_op.compiler.cache import key
 
     keys = {}
     for threads, spin in (("1", ""), ("2", ""), ("2", "0")):
         monkeypatch.setenv("TVM_NUM_THREADS", threads)
         monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", spin)
-        keys[threads, spin] = (_cache_key(b"model", "native", 16, "0.27"), _cache_key(b"model", "native", 0, "0.27"))
+        keys[threads, spin] = (key(b"model", "native", 16, "0.27"), key(b"model", "native", 0, "0.27"))
     assert len({tuned for tuned, _ in keys.values()}) == 3, keys
     assert len({untuned for _, untuned in keys.values()}) == 1, keys
 
@@ -494,21 +499,20 @@ def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.Monke
 def test_cache_keys_hold_the_workers_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A library compiled by another version of the TVM worker (its schedule steps,
     its math) is another entry: the key hashes the worker's source files."""
-    from tf_op import bridge
+    from tf_op.compiler import cache
 
-    worker = Path(bridge._WORKER)
-    for source in worker.parent.glob("_tvm_*.py"):
-        shutil.copy(source, tmp_path / source.name)
-    monkeypatch.setattr(bridge, "_WORKER", tmp_path / worker.name)
+    package = tmp_path / TVM_PACKAGE.name
+    shutil.copytree(TVM_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(worker, "package_dir", lambda: package)
     # Whatever happens here, later tests get the digest of the real worker.
-    monkeypatch.setattr(bridge, "_worker_digest", bridge._worker_digest.__wrapped__)
+    monkeypatch.setattr(worker, "digest", worker.digest.__wrapped__)
 
     def key() -> str:
-        return bridge._cache_key(b"model", "native", 0, "0.27")
+        return cache.key(b"model", "native", 0, "0.27")
 
     same = key()
     assert key() == same
-    with open(tmp_path / "_tvm_math.py", "a") as math:
+    with open(package / "math_lowering.py", "a") as math:
         math.write("\n# another schedule of exp\n")
     assert key() != same
 
@@ -600,8 +604,8 @@ def test_processes_compiling_at_once_compile_once(tmp_path: Path) -> None:
                               text=True) for _ in range(2)]
     logs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
-    assert sum("tf_op.bridge: TVM compiled" in log for log in logs) == 1, logs
-    assert sum("tf_op.bridge: cache hit" in log for log in logs) == 1, logs
+    assert sum("tf_op.compiler: TVM compiled" in log for log in logs) == 1, logs
+    assert sum("tf_op.compiler: cache hit" in log for log in logs) == 1, logs
     assert len(_libraries(tmp_path)) == 1
 
 

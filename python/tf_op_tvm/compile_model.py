@@ -1,13 +1,16 @@
 """The TVM half of ``tf_op.compile``: a TFLite flatbuffer in, a Relax VM library out.
 
-    python _tvm_compile.py --version
-    python _tvm_compile.py --host-target
-    python _tvm_compile.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS]
+    python compile_model.py --version
+    python compile_model.py --host-target
+    python compile_model.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS]
 
 Runs in its own process on the Python that has apache-tvm (``TVMDSOOP_TVM_PYTHON``),
 never in the TensorFlow process: TVM's compiler and TensorFlow each bring an LLVM,
 and they clash in one process. It imports nothing of tf_op, so any Python with TVM
-and the ``tflite`` reader can run it by path.
+and the ``tflite`` reader can run it by path, as tf_op does: that Python may be
+another environment's, without tvmdsoop installed. Run by path, this file's folder
+is the first entry of ``sys.path``, and it imports its sibling modules from there
+by their own names; imported as ``tf_op_tvm.compile_model``, through the package.
 
 ``--version`` prints the installed apache-tvm version without importing TVM (the
 cache key needs it before a compile is known to be necessary); ``--host-target``
@@ -38,6 +41,11 @@ import time
 import tempfile
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from tf_op_tvm import math_lowering
+else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
+    import math_lowering
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
 #: and the flags /proc/cpuinfo lists for them. Other LLVM features (tuning hints,
@@ -79,9 +87,7 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     tvm_target = tvm.target.Target(target)
     if tvm_target.kind.name == "llvm":
-        import _tvm_math  # beside this file, on sys.path as the script's folder
-
-        _tvm_math.register()
+        math_lowering.register()
     untuned = mod
     if trials > 0:
         mod, tvm_target = tune(mod, target, trials)
@@ -204,7 +210,7 @@ def cpu_pipeline(target: Any) -> Any:
     dense layer's reads its weights a row apart for each step. With the output's
     last dimension innermost instead (the channel, contiguous in the output, in
     NHWC inputs and in the weights), LLVM vectorizes it: 2.4 to 15 times faster
-    on the bridge's models here, with the same sums in the same order.
+    on tf_op.compile's test models here, with the same sums in the same order.
 
     Loop nests of ``PARALLEL_MIN_WORK`` iterations or more also run their outer
     loops on TVM's threads (``TVM_NUM_THREADS``; one thread runs them in turn)."""

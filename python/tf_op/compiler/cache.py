@@ -1,0 +1,102 @@
+"""The compile cache: a folder of libraries by content key, so that a second
+process (a server restart) loads instead of compiling.
+
+A key hashes the TFLite model with what else decides the library: the resolved
+target, the tuning budget, the TVM version, the worker's source and this
+module's ``FORMAT_VERSION``. Each library ``KEY.so`` has beside it the sha256 it
+had when made (``KEY.so.sha256``): an entry whose library no longer matches is
+compiled again. The folder also keeps the resolved host target (targets.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tf_op.compiler import worker
+from tf_op.module import file_sha256
+
+if TYPE_CHECKING:  # targets keeps its answers here: imported for the type only
+    from tf_op.compiler.targets import Target
+
+logger = logging.getLogger(__package__)
+
+#: Part of every cache key: raise it when what a cache entry holds, or how this
+#: package makes it, changes, so that old entries are not reused (the worker's own
+#: source is part of the key already: ``worker.digest``).
+FORMAT_VERSION = 5
+
+#: What TVM's thread pool reads from the environment: how many threads run a
+#: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).
+_TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
+
+
+def folder(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """The cache folder: ``cache_dir``, else ``$TVMDSOOP_CACHE_DIR``, else ``~/.cache/tvmdsoop``."""
+    chosen = cache_dir or os.environ.get("TVMDSOOP_CACHE_DIR") or Path.home() / ".cache" / "tvmdsoop"
+    return Path(chosen).expanduser()
+
+
+def key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
+    # A tuned compile keeps whichever of the tuned and the untuned library ran
+    # faster with the worker's TVM thread settings, which it inherits from here,
+    # on this many CPUs (TVM's thread count when unset, MetaSchedule's num-cores).
+    threads: dict[str, str] = {}
+    if trials:
+        threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
+    header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
+                         "tvm_threads": threads, "worker": worker.digest()}, sort_keys=True)
+    return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
+
+
+def library(tflite_bytes: bytes, target: Target, trials: int, python: str, tvm_version: str, cache_dir: Path,
+            name: str) -> tuple[Path, str]:
+    """The library for this TFLite model, resolved target and tuning budget, and
+    its sha256: from the cache when its entry is whole (its recorded digest
+    matches), else compiled now by the worker on ``python``."""
+    entry = key(tflite_bytes, target, trials, tvm_version)
+    lib_path, digest_path = cache_dir / f"{entry}.so", cache_dir / f"{entry}.so.sha256"
+    with _exclusive(cache_dir / f"{entry}.lock"):
+        if lib_path.is_file() and digest_path.is_file():
+            recorded = digest_path.read_text().strip()
+            if file_sha256(lib_path) == recorded:
+                logger.info("cache hit for %s: %s", name, lib_path)
+                return lib_path, recorded
+            logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
+        digest = worker.compile_into(tflite_bytes, target, trials, python, lib_path, name)
+        write_atomically(digest_path, digest.encode() + b"\n")
+    return lib_path, digest
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``lock_path`` (made if missing): processes that
+    compile the same entry at once take turns, so the second finds the first's
+    library instead of replacing it (TVM's output is not byte-for-byte
+    reproducible, and a library must stay the one its digest file names)."""
+    with open(lock_path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Writes ``path`` whole or not at all: a reader never sees half of it."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,223 @@
+"""``CompiledFunction``: what ``tf_op.compile`` returns. One TVM library per
+static input shape, each compiled on first use, and the dispatch among them of
+inputs whose shape is known only when the graph runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_op.compiler import cache, targets, worker
+from tf_op.compiler.errors import CompileError
+from tf_op.compiler.targets import Target
+from tf_op.compiler.tflite_conversion import to_tflite
+from tf_op.module import Func, Module
+
+logger = logging.getLogger(__package__)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One static input shape's library, the op that runs it, and how to pack
+    its flat outputs into the original function's structure."""
+
+    lib_path: Path
+    func: Func
+    structure: Any
+
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class _State:
+    """What CompiledFunction keeps out of TF's tracking: the original function
+    (saving it would save the model's weights a second time, beside the compiled
+    libraries) and the libraries by input shape (tuple keys, which trackable
+    dicts refuse)."""
+
+    fn: Any
+    name: str
+    input_signature: list[tf.TensorSpec]
+    target: Target
+    cache_dir: Path
+    trials: int
+    compiled: dict[Shapes, _Compiled] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class CompiledFunction(tf.Module):
+    """The callable ``compile`` returns; holds one compiled library per static input shape.
+
+    A ``tf.Module``: kept on the object a SavedModel saves, it carries the
+    libraries compiled so far as assets, and a function traced with an unknown
+    dimension (a serving signature) dispatches each call to the library of its
+    inputs' shapes; another shape is an ``InvalidArgumentError`` that lists the
+    compiled ones."""
+
+    def __init__(self, fn: Callable[..., Any], input_signature: Sequence[tf.TensorSpec],
+                 target: Target, cache_dir: Path, trials: int = 0) -> None:
+        super().__init__(name=None)
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
+        self._state = _State(tf.function(_traceable(fn)), name, [tf.TensorSpec.from_spec(s) for s in input_signature],
+                             target, cache_dir, trials)
+        # Tracked: the compiled functions and, through them, their libraries.
+        self._funcs: list[Func] = []
+
+    @property
+    def input_signature(self) -> list[tf.TensorSpec]:
+        return list(self._state.input_signature)
+
+    @property
+    def target(self) -> Target:
+        return self._state.target
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._state.cache_dir
+
+    @property
+    def library_paths(self) -> dict[Shapes, Path]:
+        """The cache entry of each input shape compiled so far."""
+        return {shapes: c.lib_path for shapes, c in self._state.compiled.items()}
+
+    def __call__(self, *args: Any) -> Any:
+        state = self._state
+        if len(args) != len(state.input_signature):
+            raise TypeError(f"tf_op.compile({state.name}): takes {len(state.input_signature)} inputs, got {len(args)}")
+        tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
+        shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
+        if all(shape.is_fully_defined() for shape in shapes):
+            return self._run(self.compile_for(tuple(tuple(s.as_list()) for s in shapes)), tensors)
+        return self._dispatch(tensors, shapes)
+
+    def batch_shapes(self, batch: int) -> Shapes:
+        """The input shapes for batch size ``batch``: the signature with its
+        unknown first dimensions set to it."""
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"tf_op.compile({self._state.name}): batch sizes are positive ints, got {batch!r}")
+        shapes = []
+        for i, spec in enumerate(self._state.input_signature):
+            dims = spec.shape.as_list() if spec.shape.rank else []
+            if dims and dims[0] is None:
+                dims[0] = batch
+            if spec.shape.rank is None or None in dims:
+                raise ValueError(f"tf_op.compile({self._state.name}): batch_sizes sets the first dimension only, "
+                                 f"but input {i} has shape {spec.shape}")
+            shapes.append(tuple(dims))
+        return tuple(shapes)
+
+    def compile_for(self, shapes: Shapes) -> _Compiled:
+        """The library for these static input shapes: compiled (or taken from the
+        cache) on first use."""
+        state = self._state
+        compiled = state.compiled.get(shapes)
+        if compiled is None:
+            with state.lock:
+                compiled = state.compiled.get(shapes)
+                if compiled is None:
+                    # Out of any graph being traced: the converter runs eagerly.
+                    with tf.init_scope():
+                        compiled = state.compiled[shapes] = self._build(shapes)
+                    self._funcs.append(compiled.func)
+        return compiled
+
+    def _merged_shape(self, t: tf.Tensor, spec: tf.TensorSpec, i: int) -> tf.TensorShape:
+        if not spec.shape.is_compatible_with(t.shape):
+            raise ValueError(f"tf_op.compile({self._state.name}): input {i} has shape {t.shape}, expected {spec.shape}")
+        return spec.shape.merge_with(t.shape)
+
+    @staticmethod
+    def _run(compiled: _Compiled, tensors: Sequence[tf.Tensor]) -> Any:
+        return tf.nest.pack_sequence_as(compiled.structure, list(compiled.func(*tensors)))
+
+    def _dispatch(self, tensors: list[tf.Tensor], shapes: list[tf.TensorShape]) -> Any:
+        """Inputs whose shape is known only when the graph runs (a function traced
+        with an unknown dimension): one branch per compiled shape that fits, chosen
+        by the inputs' runtime shapes; any other shape fails with the list."""
+        state = self._state
+        candidates = [(key, c) for key, c in sorted(state.compiled.items())
+                      if all(shape.is_compatible_with(dims) for shape, dims in zip(shapes, key))]
+        if not candidates:
+            raise ValueError(f"tf_op.compile({state.name}): input shapes {[s.as_list() for s in shapes]} are not "
+                             "static when traced and no compiled shape fits them; TVM compiles static shapes: give "
+                             "the tf.function a static input_signature, or compile shapes ahead with batch_sizes=")
+        matches = [tf.reduce_all([tf.reduce_all(tf.equal(tf.shape(t, out_type=tf.int64), dims))
+                                  for t, dims in zip(tensors, key)]) for key, _ in candidates]
+        index = tf.reduce_min(tf.where(tf.stack(matches), tf.range(len(candidates)), len(candidates)))
+
+        # The branch gives its inputs their static shape with a reshape (a no-op:
+        # the index chose the branch whose shapes they have). Not tf.ensure_shape:
+        # in a Session (TF Serving, TF1), where the Case is lowered to Switch/Merge,
+        # the EnsureShape of branches not taken runs too and fails.
+        def branch(key: Shapes, compiled: _Compiled) -> Callable[[], list[tf.Tensor]]:
+            return lambda: tf.nest.flatten(self._run(compiled, [tf.reshape(t, dims) for t, dims in zip(tensors, key)]))
+
+        def not_compiled() -> list[tf.Tensor]:
+            listed = "; ".join(str([list(d) for d in key]) for key, _ in candidates)
+            check = tf.debugging.Assert(False, [f"tf_op.compile({state.name}): no library was compiled for the "
+                                                f"input shapes that follow; compiled: {listed}"]
+                                        + [tf.shape(t) for t in tensors])
+            first = tf.nest.flatten(candidates[0][1].structure)
+            with tf.control_dependencies([check]):
+                return [tf.zeros(out.shape, out.dtype) for out in first]
+
+        flat = tf.switch_case(index, [branch(key, c) for key, c in candidates], default=not_compiled)
+        return tf.nest.pack_sequence_as(candidates[0][1].structure, flat)
+
+    def _build(self, shapes: Shapes) -> _Compiled:
+        """Trace -> TFLite -> (cache or TVM worker) -> a TVMDSOOp for one input shape."""
+        state = self._state
+        start = time.perf_counter()
+        specs = [tf.TensorSpec(shape, s.dtype, name=s.name or f"input_{i}")
+                 for i, (shape, s) in enumerate(zip(shapes, state.input_signature))]
+        concrete = state.fn.get_concrete_function(*specs)
+        flat_outputs = tf.nest.flatten(concrete.structured_outputs)
+        for k, out in enumerate(flat_outputs):
+            if not out.shape.is_fully_defined():
+                raise CompileError(f"tf_op.compile({state.name}): output {k} has shape {out.shape} for inputs "
+                                   f"{list(shapes)}; only static output shapes are supported")
+        logger.info("traced %s for %s in %.2f s", state.name, list(shapes), time.perf_counter() - start)
+
+        start = time.perf_counter()
+        tflite_bytes = to_tflite(concrete, state.name)
+        logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes), time.perf_counter() - start)
+
+        lib_path, digest = _library(tflite_bytes, state.target, state.trials, state.cache_dir, state.name)
+        start = time.perf_counter()
+        func = Module(str(lib_path), sha256=digest).func(
+            "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
+            output_dtypes=[out.dtype for out in flat_outputs], device=targets.device(state.target))
+        logger.info("loaded %s in %.2f s", lib_path, time.perf_counter() - start)
+        return _Compiled(lib_path, func, concrete.structured_outputs)
+
+    def __repr__(self) -> str:
+        return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
+
+
+def _traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The Python function to retrace at each static shape: a tf.function's own
+    (its input_signature would otherwise keep the dimensions unknown), a Keras
+    model called for inference."""
+    if isinstance(fn, keras.Layer):
+        return lambda *args: fn(*args, training=False)
+    return getattr(fn, "python_function", fn)
+
+
+def _library(tflite_bytes: bytes, target: Target, trials: int, cache_dir: Path, name: str) -> tuple[Path, str]:
+    """The library for this TFLite model, target and tuning budget, and its
+    sha256: the target resolved (``HOST_TARGET``: this CPU), then from the cache,
+    or compiled now by the TVM worker."""
+    python = worker.tvm_python()
+    version = worker.tvm_version(python)  # first: its error names the fix for a Python without TVM
+    cache_dir.mkdir(parents=True, exist_ok=True)  # the resolved host target is kept there too
+    target = targets.resolved(target, python, version, cache_dir)
+    return cache.library(tflite_bytes, target, trials, python, version, cache_dir, name)
