@@ -1,8 +1,8 @@
 // tvm_dso_op_kernel.cc: the kernel of TVMDSOOp (TVMDSOOpKernel) and its CPU and
 // GPU registrations. Compute reads the op's inputs and decides the outputs'
-// shapes; the call itself is CallKernel's (call.h), inlined here. The function
-// is resolved once per kernel and library, by Go; after that Compute runs no Go
-// and takes no lock.
+// shapes; the call itself is CallKernel's (call.h), compiled into this file. The
+// function is resolved once per kernel and library, by Go; after that Compute
+// runs no Go and takes no lock.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
