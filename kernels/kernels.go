@@ -1,5 +1,22 @@
-// Package kernels holds the TVMDSOOp TensorFlow op: its definition, shape
-// function and CPU kernel (tvm_dso_op.cc, C++ against TensorFlow's kernel API).
+// Package kernels holds the TVMDSOOp TensorFlow op, and TvmDsoOp (the op of
+// old TVM), in C++ against TensorFlow's kernel API, one concept a file:
+//
+//   - ops.cc: the op definitions and their shape functions
+//   - tvm_dso_op_kernel.cc, legacy_kernel.cc: each op's kernel, with its CPU
+//     and GPU registrations
+//   - call.h: what both kernels share: resolving the function, the per-call path
+//   - resolved.h: a resolved function, one Resolved per function for the process
+//   - placement.h: CPU and GPU placement (buffers, copies, TF's stream)
+//   - dlpack_tensor.h: TF tensors in DLPack's terms
+//   - returned_output.h: what a returning function gave back, as the op's outputs
+//   - output_pool.h: the output buffers a CPU kernel keeps for its next calls
+//   - aligned_buffer.h: scratch memory at TVM's alignment
+//   - status.h: TVM errors as TF statuses, and the per-call checks
+//   - target.h: what Go resolves for a kernel (this file's tvmdsoopResolve)
+//   - tf_compat.h: what differs between the TF releases it builds against
+//
+// The shared pieces are in namespace tvmdsoop::internal; call.h says which
+// have internal linkage, and why.
 //
 // Linking this package into a binary registers the op: the registration runs in
 // C++ static initialisers, with no Go call, because a c-shared library's Go

@@ -1,8 +1,8 @@
-// tf_compat.h: the parts of TensorFlow's C++ API that tvm_dso_op.cc uses and
-// that differ between the TF releases it builds against (2.18 to 2.21). Each is
-// settled when the op library is compiled: an op library is built against one
-// TF minor release and loads only there (its C++ symbols are that release's),
-// so nothing here costs anything per call.
+// tf_compat.h: the parts of TensorFlow's C++ API that the kernels use and
+// that differ between the TF releases the op library builds against (2.18 to
+// 2.21). Each is settled when the op library is compiled: an op library is
+// built against one TF minor release and loads only there (its C++ symbols are
+// that release's), so nothing here costs anything per call.
 //
 // The release is told by what its headers hold, not by a version number: TF
 // 2.18 and 2.19 define TF_MAJOR_VERSION/TF_MINOR_VERSION in
