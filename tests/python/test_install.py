@@ -73,7 +73,8 @@ def test_sdist_carries_the_sources_the_build_needs(sdist: Path) -> None:
     needed = {
         "pyproject.toml", "CMakeLists.txt", "LICENSE", "go.mod", "go.sum",
         "cmd/tvm_dso_op/main.go", "cmd/probe/probe.c", "dsoop/dsoop.c", "dsoop/vm.c",
-        "kernels/tvm_dso_op.cc", "dlpack/dlpack.h", "python/tf_op/__init__.py",
+        "kernels/ops.cc", "kernels/tvm_dso_op_kernel.cc", "kernels/call.h", "dlpack/dlpack.h",
+        "python/tf_op/__init__.py", "python/tf_op/compiler/__init__.py", "python/tf_op_tvm/compile_model.py",
         "third_party/tvm-ffi/include/tvm/ffi/c_api.h", "third_party/tvm-ffi/LICENSE",
     }
     assert needed <= names, needed - names
