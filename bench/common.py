@@ -42,7 +42,7 @@ BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")  # compare.p
 BRIDGE_CACHE: Final = BUILD_DIR / "bridge_cache"  # emptied at each run
 #: TVM beside TF in the bridge (docs/serving.md, Threads): all CPUs, as TF's kernels; idle workers asleep, not spinning.
 TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
-#: Each key's goal: (comparison, bound). The tuned bridge keys (issue 15) exist only with --tune.
+#: Each key's goal: (comparison, bound). The tuned bridge keys exist only with --tune.
 GOALS: Final[dict[str, tuple[str, float]]] = {
     "per_op_ratio_vs_tf_add": ("<=", 1.25),
     "go_session_ratio_vs_tf_add": ("<=", 1.25),

@@ -131,7 +131,7 @@ def _tvmdso_nodes(graph_def: tf.compat.v1.GraphDef) -> list:
 
 def test_static_shapes_give_the_op_no_output_dims_input(mod: tf_op.Module) -> None:
     """A node input TF must deliver on every run costs the executor more than the
-    kernel's whole call into TVM (docs/profile.md): static shapes add none, and
+    kernel's whole call into TVM (docs/design.md, "Rules that keep it fast"): static shapes add none, and
     scalar sizes go in as they are, with no Concat or Reshape node to run."""
 
     @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.float32)])
