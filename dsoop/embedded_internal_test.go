@@ -3,13 +3,10 @@ package dsoop
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
 // libraryBin writes serialized modules as TVM does (see readEmbeddedModules):
@@ -41,33 +38,6 @@ func vmExecutable(magic uint64, version string, functions ...any) []any {
 			uint64(2), "x", "y")
 	}
 	return append(parts, "constants and code")
-}
-
-func TestReadVMFunctions(t *testing.T) {
-	const magic = 0xD225DE2F4214151E
-	tests := []struct {
-		name  string
-		parts []any
-		want  []string
-	}{
-		{"kernels, builtins and VM functions", vmExecutable(magic, "0.14", uint32(0), "vm.builtin.copy",
-			uint32(1), "main", uint32(2), "fused_add", uint32(1), "forward"), []string{"main", "forward"}},
-		{"the first version's magic", vmExecutable(0xD225DE2F4214151D, "0.14", uint32(1), "main"), []string{"main"}},
-		{"another magic", vmExecutable(1, "0.14", uint32(1), "main"), nil},
-		{"another VM version", vmExecutable(magic, "0.13", uint32(1), "main"), nil},
-		{"a table of 2^40 functions", []any{uint64(magic), "0.14", uint64(1 << 40)}, nil},
-		{"a name of a megabyte", []any{uint64(magic), "0.14", uint64(1), uint32(1), uint64(1 << 20)}, nil},
-		{"cut in the parameter names", []any{uint64(magic), "0.14", uint64(1), uint32(1), "main", uint64(0),
-			uint64(9), uint64(2), uint64(5), uint64(1 << 30)}, nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			bin := libraryBin(tc.parts...)
-			got, err := readVMFunctions(&binReader{r: bytes.NewReader(bin), off: 8, limit: uint64(len(bin))})
-			assert.Equal(t, tc.want, got)
-			assert.Equal(t, tc.want == nil, err != nil, "error: %v", err)
-		})
-	}
 }
 
 // cudaBytes is a CUDA module's bytes: its format, then what TVM writes after it.
@@ -142,63 +112,4 @@ func FuzzParseEmbeddedModules(f *testing.F) {
 	f.Fuzz(func(t *testing.T, bin []byte) {
 		_, _ = parseEmbeddedModules(bytes.NewReader(bin)) // any answer will do
 	})
-}
-
-// TestExplainLoadFailure: why a library holding CUDA code did not load is told
-// by what it holds and by what failed before the load, whatever TVM's words.
-func TestExplainLoadFailure(t *testing.T) {
-	tvmErr := &Error{Kind: "RuntimeError", Message: "any wording"}
-	cudaRuntimeErr := errors.New("cannot open libtvm_runtime_cuda.so: libcuda.so.1")
-	none := func(string) bool { return false }
-	compiler := func(name string) bool { return name == cudaCompileCallback }
-	tests := []struct {
-		name     string
-		cuda     embeddedModule
-		cudaErr  error
-		exists   func(string) bool
-		want     error // besides tvmErr
-		contains string
-	}{
-		{"no CUDA code", embeddedModule{}, nil, none, nil, ""},
-		{"the CUDA runtime did not open", embeddedModule{kind: cudaKind, format: "fatbin"}, cudaRuntimeErr, none,
-			ErrCUDARuntimeNotLoaded, "the library holds CUDA code, and TVM's CUDA runtime did not load: cannot open libtvm_runtime_cuda.so: libcuda.so.1"},
-		{"CUDA source, no compiler", embeddedModule{kind: cudaKind, format: cudaSourceFormat}, nil, none,
-			ErrCUDASourceNotCompiled, "compile it with TVM where a CUDA driver is"},
-		{"CUDA source, a compiler registered", embeddedModule{kind: cudaKind, format: cudaSourceFormat}, nil, compiler, nil, ""},
-		{"compiled CUDA code", embeddedModule{kind: cudaKind, format: "fatbin"}, nil, none, nil, ""},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			err := explainLoadFailure(tvmErr, tc.cuda, tc.cudaErr, tc.exists)
-			require.ErrorIs(t, err, tvmErr)
-			if tc.want == nil {
-				assert.Equal(t, error(tvmErr), err, "passed unchanged")
-				return
-			}
-			assert.ErrorIs(t, err, tc.want)
-			assert.Contains(t, err.Error(), tc.contains)
-		})
-	}
-}
-
-// TestCheckModelDevice: a model holding CUDA code runs on a CUDA device only;
-// others run anywhere the caller asks.
-func TestCheckModelDevice(t *testing.T) {
-	cuda := &sealedLibrary{embedded: []embeddedModule{{kind: "relax.VMExecutable"}, {kind: cudaKind, format: "fatbin"}}}
-	cpuOnly := &sealedLibrary{embedded: []embeddedModule{{kind: "relax.VMExecutable"}}}
-	tests := []struct {
-		name    string
-		library *sealedLibrary
-		device  dlpack.Device
-		want    error
-	}{
-		{"CUDA model on the CPU", cuda, dlpack.Device{Type: dlpack.CPU}, ErrCUDAModelOnCPU},
-		{"CUDA model on a GPU", cuda, dlpack.Device{Type: dlpack.CUDA}, nil},
-		{"CPU model on the CPU", cpuOnly, dlpack.Device{Type: dlpack.CPU}, nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			assert.ErrorIs(t, checkModelDevice(tc.library, tc.device), tc.want)
-		})
-	}
 }
