@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import math_lowering
+    from tf_op_tvm import cpu_schedule, math_lowering
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
+    import cpu_schedule
     import math_lowering
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
@@ -201,9 +202,10 @@ def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]
 
 def cpu_pipeline(target: Any) -> Any:
     """TVM's default CPU pipeline (``relax.backend.cpu_generic``, what
-    ``tvm.compile`` runs for an llvm target) with one step added once the
-    operators are loop nests: ``channel_innermost`` on each that no tuning
-    scheduled (all of them, untuned).
+    ``tvm.compile`` runs for an llvm target) with two steps added once the
+    operators are loop nests: the default schedules of ``cpu_schedule`` on each
+    that no tuning scheduled, then ``channel_innermost`` on those that none of
+    them took.
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -217,6 +219,7 @@ def cpu_pipeline(target: Any) -> Any:
     import tvm
     from tvm import s_tir, tirx
     from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm.s_tir import dlight
 
     @tvm.transform.module_pass(opt_level=0, name="tvmdsoop.ChannelInnermost")
     def channel_innermost_pass(mod: Any, _ctx: Any) -> Any:
@@ -241,7 +244,8 @@ def cpu_pipeline(target: Any) -> Any:
     def pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
-                *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), channel_innermost_pass,
+                *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
+                dlight.ApplyDefaultSchedule(*cpu_schedule.rules(target)), channel_innermost_pass,
                 *cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)])(mod)
 
     return pipeline

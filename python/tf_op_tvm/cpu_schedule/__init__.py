@@ -1,0 +1,18 @@
+"""Default CPU schedules for an untuned compile: dlight rules, tried in order on
+each of the model's loop nests (PrimFuncs) by ``ApplyDefaultSchedule``; the
+first rule that recognises a function schedules it. A function no rule takes
+keeps ``compile_model.channel_innermost``, the fallback for every loop nest.
+
+Each module holds the rules for one family of loop nests; ``lanes`` says how
+wide the target's vectors are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import conv, matmul
+
+
+def rules(target: Any) -> list[Any]:
+    """The rules for an llvm ``target``, most specific first."""
+    return [*conv.rules(target), *matmul.rules(target)]
