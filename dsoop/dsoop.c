@@ -1,5 +1,5 @@
 // dsoop.c: opens the TVM-FFI runtime and calls TVM functions (see dsoop.h).
-#define _GNU_SOURCE  // dladdr, dlinfo
+#define _GNU_SOURCE  // dladdr, dlinfo, sched_getaffinity
 #include "dsoop.h"
 
 #include <tvm/ffi/extra/c_env_api.h>
@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,28 @@ int dsoop_runtime_version(const char* ffi_library, TVMFFIVersion* version, const
   return 0;
 }
 
+// TVM's thread pool settings, where the user set none, for a pool that runs
+// beside TensorFlow's threads. TVM reads them from the environment only (when a
+// calling thread's pool is made; the spin count once per process), so they are
+// set before libtvm_runtime.so can make a pool. TVM's own defaults are made for
+// a process of its own: half the online CPUs (1 of 2 here: parallel loops ran
+// on one core), workers spinning 300,000 times on the CPUs TF's threads need
+// between calls, and the calling TF thread pinned to the first cores, which
+// confines every TF thread that calls TVM to the same few. Instead: as many
+// threads as the process may use (TF's intra-op default), sleeping at once when
+// idle, none pinned. docs/compiler.md ("Threads") says how to size them for a
+// server that runs several calls at once.
+static void default_tvm_thread_settings(void) {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) {
+    char count[16];
+    snprintf(count, sizeof(count), "%d", CPU_COUNT(&cpus));
+    setenv("TVM_NUM_THREADS", count, /*overwrite=*/0);
+  }
+  setenv("TVM_THREAD_POOL_SPIN_COUNT", "0", 0);
+  setenv("TVM_BIND_THREADS", "0", 0);
+}
+
 #define RESOLVE(field, symbol)                                                           \
   do {                                                                                   \
     *(void**)(&api.field) = dlsym(ffi, symbol);                                          \
@@ -147,6 +170,7 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   RESOLVE(tensor_to_dlpack, "TVMFFITensorToDLPack");
   // libtvm_runtime.so fills the backend hooks (__TVMBackendParallelLaunch, workspace
   // allocation, ...) that tvm.compile'd modules call back through.
+  default_tvm_thread_settings();
   void* runtime = NULL;
   if (runtime_library != NULL && runtime_library[0] != '\0' &&
       (runtime = dlopen(runtime_library, RTLD_NOW | RTLD_GLOBAL)) == NULL) {

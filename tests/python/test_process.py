@@ -3,6 +3,8 @@ runtime) is loaded, and device placement rules."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -91,3 +93,44 @@ def test_tf1_session_placement(testlib: str) -> None:
         config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
         with tf.compat.v1.Session(graph=g, config=config) as sess:
             np.testing.assert_array_equal(sess.run(y), [2.0])
+
+
+THREAD_SETTINGS_SCRIPT = textwrap.dedent(
+    """
+    import ctypes
+    import json
+    import sys
+
+    import tensorflow as tf
+    import tf_op
+
+    tf_op.Module(sys.argv[1]).func("add_one")(tf.constant([0.0]))
+    getenv = ctypes.CDLL(None).getenv  # the C environment TVM reads, not Python's copy of it
+    getenv.restype = ctypes.c_char_p
+    names = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "TVM_BIND_THREADS")
+    print(json.dumps({name: (getenv(name.encode()) or b"").decode() for name in names}))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "user, expected",
+    [
+        ({}, {"TVM_NUM_THREADS": "cpus", "TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"}),
+        (
+            {"TVM_NUM_THREADS": "3", "TVM_THREAD_POOL_SPIN_COUNT": "1000", "TVM_BIND_THREADS": "1"},
+            {"TVM_NUM_THREADS": "3", "TVM_THREAD_POOL_SPIN_COUNT": "1000", "TVM_BIND_THREADS": "1"},
+        ),
+    ],
+    ids=["defaults", "the user's kept"],
+)
+def test_tvm_thread_settings(tmp_path, testlib: str, user: dict[str, str], expected: dict[str, str]) -> None:
+    """TVM's pool runs beside TF's threads: as many threads as the process may
+    use, no spinning, no pinning, unless the user set otherwise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TVM_")} | user
+    script = tmp_path / "thread_settings.py"
+    script.write_text(THREAD_SETTINGS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), testlib], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cpus = str(len(os.sched_getaffinity(0)))
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {k: cpus if v == "cpus" else v for k, v in expected.items()}
