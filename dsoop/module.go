@@ -66,6 +66,11 @@ func (m *Module) Path() string { return m.entry.path }
 // SHA256 is the hex SHA-256 of the bytes loaded: the file as read into the sealed copy.
 func (m *Module) SHA256() string { return m.entry.sealed.digest }
 
+// CPULevel is the x86-64 level of the code loaded from a portable library
+// (tf_op.compile's default target): the highest this CPU runs, within
+// TVMDSOOP_CPU_LEVEL; "" for a library that holds one build.
+func (m *Module) CPULevel() string { return m.entry.sealed.level }
+
 // ffiSymbolPrefix begins the symbol of every function a library exports to
 // TVM-FFI (TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm.compile's functions).
 const ffiSymbolPrefix = "__tvm_ffi_"

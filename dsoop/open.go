@@ -70,6 +70,10 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		sealed.close()
 		return nil, err
 	}
+	if sealed, err = sealed.atHighestLevel(filepath.Base(abs)); err != nil {
+		sealed.close()
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
 	if err := Init(); err != nil {
 		sealed.close()
 		return nil, err

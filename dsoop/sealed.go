@@ -35,6 +35,10 @@ type sealedLibrary struct {
 	// legacy is set for a library built by TVM 0.8-0.20, which dsoop loads
 	// itself (legacy.c) rather than through TVM's loader.
 	legacy *legacyABI
+	// levels are the builds for higher x86-64 levels a portable library embeds
+	// (levels.go); level is the one these bytes are, "" for other libraries.
+	levels []level
+	level  string
 }
 
 // Linux constants for memfd_create(2) and fcntl(2) seals.
@@ -53,15 +57,21 @@ func sealLibrary(path string) (*sealedLibrary, error) {
 		return nil, err
 	}
 	defer src.Close()
-	name, err := syscall.BytePtrFromString("tvmdsoop:" + filepath.Base(path))
+	return seal(filepath.Base(path), src)
+}
+
+// seal copies a library's bytes from src into a sealed memfd named for name,
+// hashing them on the way, and checks their ELF structure there.
+func seal(name string, src io.Reader) (*sealedLibrary, error) {
+	memfdName, err := syscall.BytePtrFromString("tvmdsoop:" + name)
 	if err != nil {
 		return nil, err
 	}
-	fd, _, errno := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(name)), mfdCloexec|mfdAllowSealing, 0)
+	fd, _, errno := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(memfdName)), mfdCloexec|mfdAllowSealing, 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("memfd_create: %w", errno)
 	}
-	mem := os.NewFile(fd, "memfd:"+filepath.Base(path))
+	mem := os.NewFile(fd, "memfd:"+name)
 	h := sha256.New()
 	size, err := io.Copy(io.MultiWriter(mem, h), src)
 	if err == nil {
@@ -145,6 +155,9 @@ func (s *sealedLibrary) check() (err error) {
 	// TVM's loader reads them too, and says what is wrong with them.
 	s.embedded, _ = readEmbeddedModules(f, symbols)
 	s.legacy = readLegacyABI(symbols)
+	if s.levels, err = readLevels(symbols, f); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
+	}
 	cpuFlags, err := readCPUFlags(f, symbols)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)

@@ -15,6 +15,7 @@ import (
 type libraryDescription struct {
 	Model     bool     `json:"model"`               // a Relax VM executable: its functions return their outputs
 	Functions []string `json:"functions,omitempty"` // a model's functions
+	CPULevel  string   `json:"cpu_level,omitempty"` // the x86-64 level loaded from a portable library
 	Error     string   `json:"error,omitempty"`
 }
 
@@ -46,6 +47,7 @@ func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 			d.Error = err.Error()
 			return
 		}
+		d.CPULevel = module.CPULevel()
 		if d.Model = module.IsVM(); d.Model {
 			if d.Functions, err = module.VMFunctions(); err != nil {
 				d.Error = err.Error()
