@@ -93,6 +93,13 @@ class Module(tf.Module):
         ``forward``, ...); empty for other libraries."""
         return list(self._describe().get("functions") or [])
 
+    @property
+    def cpu_level(self) -> str:
+        """The x86-64 level whose code runs, for a library that holds several
+        (``tf_op.compile``'s default target, ``"portable"``): the highest this
+        CPU has, or at most ``$TVMDSOOP_CPU_LEVEL``; "" for other libraries."""
+        return str(self._describe().get("cpu_level") or "")
+
     def _digest_if_present(self) -> str | None:
         return file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
 

@@ -28,6 +28,12 @@ The library records the x86 extensions its target lets the code use, as Linux's
 /proc/cpuinfo names them, in a string ``tvmdsoop_cpu_flags``: dsoop refuses it on
 a CPU without one of them (dsoop/cpuflags.go) instead of letting it die of an
 illegal instruction.
+
+The target ``"portable"`` (tf_op.compile's default) builds the model once for
+each of ``X86_LEVELS``: OUT.so is the baseline library, and carries each higher
+level's whole library in a data symbol ``tvmdsoop_level_<level>`` (each with its
+own flags record). dsoop loads the highest level the CPU has (dsoop/levels.go),
+so one file is safe on any x86-64 CPU and uses AVX2 or AVX-512 where there is one.
 """
 
 from __future__ import annotations
@@ -65,6 +71,15 @@ X86_FLAGS: dict[str, str] = {
 }
 
 
+#: The x86-64 microarchitecture levels (as LLVM names them) a portable library
+#: holds, lowest first: any x86-64 CPU runs the first (SSE2); v3 adds AVX2, FMA
+#: and BMI (Haswell, Zen 1 and later); v4 AVX-512 (Skylake-SP, Zen 4 and later).
+X86_LEVELS = ("x86-64", "x86-64-v3", "x86-64-v4")
+
+#: The target of a library that holds one build per level of ``X86_LEVELS``.
+PORTABLE = "portable"
+
+
 def tvm_version() -> str:
     """The apache-tvm distribution's version, read from its metadata only."""
     return importlib.metadata.version("apache-tvm")
@@ -75,10 +90,10 @@ def progress(message: str) -> None:
 
 
 def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0) -> None:
-    """from_tflite -> (tuning) -> tvm.compile -> export_library. The frontend turns
-    every TFLite weight into a constant, so the library's ``main`` takes only the inputs."""
+    """from_tflite -> (tuning) -> tvm.compile -> export_library, once per level
+    for ``PORTABLE``. The frontend turns every TFLite weight into a constant, so
+    the library's ``main`` takes only the inputs."""
     import tflite
-    import tvm
     from tvm.relax.frontend.tflite import from_tflite
 
     start = time.perf_counter()
@@ -86,30 +101,84 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     mod = from_tflite(model)
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
+    if target == PORTABLE and trials > 0:
+        raise ValueError("tuning measures this machine's CPU: tune for one target, not the portable levels")
+    levels = [{"kind": "llvm", "mcpu": level} for level in X86_LEVELS] if target == PORTABLE else [target]
+    figures: dict[str, Any] = {"import_s": imported - start, "tune_s": 0.0, "trials": trials, "compile_s": 0.0,
+                               "export_s": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        higher: dict[str, Path] = {}  # each level above the first: its library, embedded in the first's
+        for level in reversed(levels):  # the first last: it embeds the others
+            executable, tvm_target, level_figures = build(mod, level, trials)
+            for name in ("tune_s", "compile_s"):
+                figures[name] += level_figures.pop(name)
+            figures.update(level_figures)
+            exporting = time.perf_counter()
+            flags = cpu_flags(tvm_target)
+            record = Path(tmp, "tvmdsoop_cpu_flags.c")
+            record.write_text(_CPU_FLAGS_SOURCE.format(flags=" ".join(flags)))
+            addons = [str(record)]
+            if level is levels[0]:
+                figures["cpu_flags"] = flags
+                if higher:
+                    embedded = Path(tmp, "tvmdsoop_levels.S")
+                    embedded.write_text(levels_source(higher))
+                    addons.append(str(embedded))
+                executable.export_library(str(out_path), addons=addons)
+            else:
+                name = str(level["mcpu"]) if isinstance(level, dict) else str(level)
+                higher[name] = Path(tmp, f"{name}.so")
+                executable.export_library(str(higher[name]), addons=addons)
+            figures["export_s"] += time.perf_counter() - exporting
+    if higher:
+        figures["levels"] = [*higher][::-1]
+        progress(f"built for {', '.join(X86_LEVELS)}: dsoop loads the highest this CPU has")
+    print(json.dumps(figures))
+
+
+def build(mod: Any, target: dict[str, object] | str, trials: int) -> tuple[Any, Any, dict[str, Any]]:
+    """``mod`` compiled for ``target`` (tuned first with ``trials``), the TVM
+    target it was compiled for, and the figures: seconds tuning and compiling,
+    and, tuned, both libraries' timings."""
+    import tvm
+
     tvm_target = tvm.target.Target(target)
     if tvm_target.kind.name == "llvm":
         math_lowering.register()
     untuned = mod
+    start = time.perf_counter()
     if trials > 0:
         mod, tvm_target = tune(mod, target, trials)
     pipeline = cpu_pipeline(tvm_target) if tvm_target.kind.name == "llvm" else "default"
     tuned = time.perf_counter()
     executable = tvm.compile(mod, target=tvm_target, relax_pipeline=pipeline)
-    compiled = time.perf_counter()
-    progress(f"compiled in {compiled - tuned:.2f} s")
+    progress(f"compiled for {target_name(target)} in {time.perf_counter() - tuned:.2f} s")
     timings: dict[str, Any] = {}
     if trials > 0 and tvm_target.kind.name == "llvm":  # timed on this machine's CPU
         executable, timings = faster_of(executable, tvm.compile(untuned, target=tvm_target, relax_pipeline=pipeline),
                                         untuned["main"])
-        compiled = time.perf_counter()
-    flags = cpu_flags(tvm_target)
-    with tempfile.TemporaryDirectory() as tmp:
-        record = Path(tmp, "tvmdsoop_cpu_flags.c")
-        record.write_text(_CPU_FLAGS_SOURCE.format(flags=" ".join(flags)))
-        executable.export_library(str(out_path), addons=[str(record)])
-    print(json.dumps({"import_s": imported - start, "tune_s": tuned - imported, "trials": trials,
-                      "compile_s": compiled - tuned, "export_s": time.perf_counter() - compiled,
-                      "cpu_flags": flags, **timings}))
+    return executable, tvm_target, {"tune_s": tuned - start, "compile_s": time.perf_counter() - tuned, **timings}
+
+
+def target_name(target: dict[str, object] | str) -> str:
+    """How the log names a target: its CPU for an llvm one, else its kind or tag."""
+    if isinstance(target, dict):
+        return str(target.get("mcpu") or target.get("kind") or target.get("tag"))
+    return target
+
+
+def levels_source(libraries: dict[str, Path]) -> str:
+    """Assembly that embeds each level's library (by name) whole, in a data
+    symbol ``tvmdsoop_level_<name>`` of its own, where dsoop reads it (ELF symbols
+    of the file) before loading anything."""
+    parts = ['    .section .rodata.tvmdsoop_levels,"a",@progbits']
+    for name, path in libraries.items():
+        symbol = "tvmdsoop_level_" + name.replace("-", "_")
+        quoted = str(path).replace("\\", "\\\\").replace('"', '\\"')
+        parts += [f"    .globl {symbol}", f"    .type {symbol}, @object", "    .balign 64", f"{symbol}:",
+                  f'    .incbin "{quoted}"', f"    .size {symbol}, . - {symbol}"]
+    parts.append('    .section .note.GNU-stack,"",@progbits')  # no executable stack
+    return "\n".join(parts) + "\n"
 
 
 def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[Any, Any]:

@@ -232,8 +232,9 @@ _VEX = re.compile(r"\tv[a-z0-9]+\s+[^\n]*%[xyz]mm")  # an AVX (VEX/EVEX-encoded)
     ("native", "avx" in _HOST_FLAGS),
 ], ids=["default", "haswell", "native"])
 def test_target_decides_the_instructions(target, avx: bool, tmp_path: Path) -> None:
-    """The default target uses no AVX instruction, so its libraries run on any
-    x86-64 CPU; an explicit target is honoured (and the check can see AVX);
+    """The default target's own code uses no AVX instruction, so its libraries
+    run on any x86-64 CPU (the higher levels it embeds are data to the
+    disassembler); an explicit target is honoured (and the check can see AVX);
     "native" uses this CPU's."""
     model = _cnn()
     x = _inputs(1, 16, 16, 3)
@@ -327,7 +328,7 @@ def test_a_cuda_target_compiles_and_pins_the_op_to_the_gpu(tmp_path: Path) -> No
     assert b"cuda" in _libraries(tmp_path)[0].read_bytes()
     with pytest.raises(tf.errors.FailedPreconditionError, match="CUDA code"):
         fast(_inputs(2, 16))
-    with pytest.raises(ValueError, match="tune is for CPU targets"):
+    with pytest.raises(ValueError, match="tune is for one CPU target .*got target 'cuda'"):
         compile(_mlp(), target="cuda", cache_dir=tmp_path, tune=8)
     with pytest.raises(ValueError, match="the op runs CPU .llvm. and CUDA libraries, got target 'rocm'"):
         compile(_mlp(), target="rocm", cache_dir=tmp_path)
@@ -523,6 +524,12 @@ def test_tune_takes_a_bool_or_a_trial_count(tune, tmp_path: Path) -> None:
         compile(_mlp(), cache_dir=tmp_path, tune=tune)
 
 
+def test_tune_takes_one_cpu_level(tmp_path: Path) -> None:
+    """Tuning measures this machine's CPU: it cannot tune the portable levels."""
+    with pytest.raises(ValueError, match="tune is for one CPU target .*got target 'portable'; the default with tune is 'native'"):
+        compile(_mlp(), target="portable", cache_dir=tmp_path, tune=8)
+
+
 def test_batch_sizes_compile_ahead(tmp_path: Path) -> None:
     model = _mlp()
     fast = compile(model, [tf.TensorSpec([None, 16])], batch_sizes=[1, 4], cache_dir=tmp_path / "cache")
@@ -607,6 +614,48 @@ def test_processes_compiling_at_once_compile_once(tmp_path: Path) -> None:
     assert sum("tf_op.compiler: TVM compiled" in log for log in logs) == 1, logs
     assert sum("tf_op.compiler: cache hit" in log for log in logs) == 1, logs
     assert len(_libraries(tmp_path)) == 1
+
+
+#: The /proc/cpuinfo flags each x86-64 level adds to the one before it (the
+#: x86-64 psABI's levels, as LLVM enables them).
+_LEVEL_FLAGS = {"x86-64-v3": {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"},
+                "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}}
+_HOST_LEVELS = ["x86-64", *(level for i, level in enumerate(_LEVEL_FLAGS)
+                            if set().union(*list(_LEVEL_FLAGS.values())[:i + 1]) <= _HOST_FLAGS)]
+
+#: Run in a fresh process (with TVMDSOOP_CPU_LEVEL set): the level a library
+#: loads at and its outputs for the inputs in an .npy file.
+_LEVEL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tf_op
+    module = tf_op.Module(sys.argv[1])
+    main = module.func("main", output_shapes=[[2, 10]], output_dtypes=["float32"])
+    (y,) = main(np.load(sys.argv[2]))
+    print(json.dumps({"level": module.cpu_level, "y": y.numpy().tolist()}))
+""")
+
+
+@pytest.mark.skipif(not _HOST_FLAGS, reason="needs an x86 CPU whose flags /proc/cpuinfo lists")
+def test_default_library_holds_every_x86_level_and_loads_the_highest(tmp_path: Path) -> None:
+    """One portable library: the op loads the highest x86-64 level this CPU has
+    (AVX-512 or AVX2 code where there is one, baseline SSE2 elsewhere), each
+    level computes the model, and TVMDSOOP_CPU_LEVEL caps the level."""
+    model = _cnn()
+    x = _inputs(2, 16, 16, 3)
+    y = compile(model, [tf.TensorSpec([2, 16, 16, 3])], cache_dir=tmp_path / "cache")(x)
+    np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    (lib,) = _libraries(tmp_path / "cache")
+    np.save(tmp_path / "x.npy", x)
+    for cap in ["", *_HOST_LEVELS]:
+        run = run_python(_LEVEL_SCRIPT, str(lib), str(tmp_path / "x.npy"), env={"TVMDSOOP_CPU_LEVEL": cap})
+        assert run.returncode == 0, run.stderr[-2000:]
+        loaded = json.loads(run.stdout.strip().splitlines()[-1])
+        assert loaded["level"] == (cap or _HOST_LEVELS[-1]), (cap, loaded["level"])
+        np.testing.assert_allclose(loaded["y"], model(x).numpy(), rtol=RTOL, atol=ATOL, err_msg=cap)
+    unknown = run_python(_LEVEL_SCRIPT, str(lib), str(tmp_path / "x.npy"), env={"TVMDSOOP_CPU_LEVEL": "x86-64-v9"})
+    assert unknown.returncode != 0
+    assert "TVMDSOOP_CPU_LEVEL=x86-64-v9 names no level this library holds (x86-64, x86-64-v3, x86-64-v4)" in unknown.stderr
 
 
 #: CPUs newer than most machines, with a flag their libraries record.

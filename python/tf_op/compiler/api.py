@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tf_op.compiler import cache, targets
 from tf_op.compiler.compiled_function import CompiledFunction
-from tf_op.compiler.targets import DEFAULT_TARGET, HOST_TARGET, Target
+from tf_op.compiler.targets import DEFAULT_TARGET, HOST_TARGET, PORTABLE_TARGET, Target
 
 #: The trials ``tune=True`` gives MetaSchedule, shared among the model's kernels:
 #: a few minutes on a small model, a quarter of an hour or more on MobileNetV2.
@@ -41,8 +41,9 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
         (where the signature leaves it ``None``; every other dimension must be
         known). A function traced with an unknown batch (a SavedModel's serving
         signature) runs whichever compiled shape each call's inputs have.
-      target: a TVM target (its string or dict form), or ``"native"`` for this
-        machine's CPU; default ``DEFAULT_TARGET`` (portable x86-64), or
+      target: a TVM target (its string or dict form), ``"native"`` for this
+        machine's CPU, or ``"portable"``: every x86-64 level in one library,
+        the op using the highest the CPU has. Default ``"portable"``, or
         ``"native"`` with ``tune``. A library that uses extensions a CPU lacks
         is refused there with an error, never run.
       cache_dir: the cache folder; default ``$TVMDSOOP_CACHE_DIR``, else
@@ -62,9 +63,9 @@ def compile(  # noqa: A001  (the public name mirrors tf.function / torch.compile
     kind = targets.kind(target)
     if kind not in ("llvm", "cuda"):
         raise ValueError(f"tf_op.compile: the op runs CPU (llvm) and CUDA libraries, got target {target!r}")
-    if trials and kind != "llvm":
-        raise ValueError(f"tf_op.compile: tune is for CPU targets (it measures candidates on this machine), "
-                         f"got target {target!r}")
+    if trials and (kind != "llvm" or target == PORTABLE_TARGET):
+        raise ValueError(f"tf_op.compile: tune is for one CPU target (it measures candidates on this machine), "
+                         f"got target {target!r}; the default with tune is {HOST_TARGET!r}")
     compiled = CompiledFunction(fn, input_signature, target, cache.folder(cache_dir), trials)
     for batch in batch_sizes:
         compiled.compile_for(compiled.batch_shapes(batch))

@@ -17,9 +17,14 @@ from tf_op.compiler.errors import CompileError
 
 logger = logging.getLogger(__package__)
 
-#: Portable x86-64: no instruction a baseline x86-64 CPU lacks (plain ``llvm``
-#: would tune for, and use the extensions of, the build machine's CPU).
-DEFAULT_TARGET: dict[str, str] = {"kind": "llvm", "mcpu": "x86-64"}
+#: Portable x86-64, and fast: one library holding the model built for each
+#: x86-64 level (baseline SSE2, v3 with AVX2 and FMA, v4 with AVX-512), of which
+#: the op loads the highest the CPU has (``compile_model.X86_LEVELS``). Plain
+#: ``llvm`` would use the build machine's extensions, and fail on a CPU without them.
+PORTABLE_TARGET = "portable"
+
+#: ``tf_op.compile``'s target when none is given and it does not tune.
+DEFAULT_TARGET = PORTABLE_TARGET
 
 #: The target that names this machine's CPU (resolved by the TVM worker, from
 #: LLVM's name for the CPU less the extensions /proc/cpuinfo does not list):
@@ -33,7 +38,7 @@ Target = str | dict[str, Any]
 def kind(target: Target) -> str:
     """The TVM target kind of a kind name, a tag or a dict: ``nvidia/...`` tags
     are CUDA, TVM's other tags name CPUs."""
-    if target == HOST_TARGET:
+    if target in (HOST_TARGET, PORTABLE_TARGET):
         return "llvm"
     name = str(target.get("kind") or target.get("tag") or "" if isinstance(target, dict) else target)
     return "cuda" if name.startswith("nvidia/") else "llvm" if "/" in name else name
