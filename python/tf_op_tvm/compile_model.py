@@ -41,6 +41,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -187,6 +188,12 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[A
     static_shape_tuning pipeline, with the build step below), and the target it
     was tuned for, which the compile must use too."""
     check_tuning_works()  # first: it names the fix for a missing module, psutil among them
+    # Candidates are timed with the thread settings the op library gives TVM
+    # beside TF (dsoop.c, default_tvm_thread_settings) where the user set none:
+    # the kernels kept must be the fastest there, not under TVM's own defaults.
+    for name, value in (("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)))),
+                        ("TVM_THREAD_POOL_SPIN_COUNT", "0"), ("TVM_BIND_THREADS", "0")):
+        os.environ.setdefault(name, value)
     import psutil
     import tvm
     from tvm import relax
