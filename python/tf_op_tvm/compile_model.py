@@ -2,7 +2,7 @@
 
     python compile_model.py --version
     python compile_model.py --host-target
-    python compile_model.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS]
+    python compile_model.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS [TUNING_DIR]]
 
 Runs in its own process on the Python that has apache-tvm (``TVMDSOOP_TVM_PYTHON``),
 never in the TensorFlow process: TVM's compiler and TensorFlow each bring an LLVM,
@@ -23,6 +23,7 @@ tuning takes minutes); the last line on stdout is the compile's figures as JSON.
 With TUNING_TRIALS > 0, MetaSchedule tunes the model's kernels first (that many
 candidates measured on this machine, in all), and the compile uses the fastest;
 the library written is the faster of that and the untuned one, timed here.
+TUNING_DIR keeps what tuning finds for later compiles (``tune``).
 
 The library records the x86 extensions its target lets the code use, as Linux's
 /proc/cpuinfo names them, in a string ``tvmdsoop_cpu_flags``: dsoop refuses it on
@@ -38,6 +39,8 @@ so one file is safe on any x86-64 CPU and uses AVX2 or AVX-512 where there is on
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.metadata
 import json
 import math
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import time
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +94,8 @@ def progress(message: str) -> None:
     print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
 
 
-def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0) -> None:
+def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0,
+                   tuning_dir: Path | None = None) -> None:
     """from_tflite -> (tuning) -> tvm.compile -> export_library, once per level
     for ``PORTABLE``. The frontend turns every TFLite weight into a constant, so
     the library's ``main`` takes only the inputs."""
@@ -110,7 +115,7 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     with tempfile.TemporaryDirectory() as tmp:
         higher: dict[str, Path] = {}  # each level above the first: its library, embedded in the first's
         for level in reversed(levels):  # the first last: it embeds the others
-            executable, tvm_target, level_figures = build(mod, level, trials)
+            executable, tvm_target, level_figures = build(mod, level, trials, tuning_dir)
             for name in ("tune_s", "compile_s"):
                 figures[name] += level_figures.pop(name)
             figures.update(level_figures)
@@ -137,8 +142,9 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     print(json.dumps(figures))
 
 
-def build(mod: Any, target: dict[str, object] | str, trials: int) -> tuple[Any, Any, dict[str, Any]]:
-    """``mod`` compiled for ``target`` (tuned first with ``trials``), the TVM
+def build(mod: Any, target: dict[str, object] | str, trials: int,
+          tuning_dir: Path | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """``mod`` compiled for ``target`` (tuned first with ``trials``, ``tune``), the TVM
     target it was compiled for, and the figures: seconds tuning and compiling,
     and, tuned, both libraries' timings."""
     import tvm
@@ -149,7 +155,7 @@ def build(mod: Any, target: dict[str, object] | str, trials: int) -> tuple[Any, 
     untuned = mod
     start = time.perf_counter()
     if trials > 0:
-        mod, tvm_target = tune(mod, target, trials)
+        mod, tvm_target = tune(mod, target, trials, tuning_dir)
     pipeline = cpu_pipeline(tvm_target) if tvm_target.kind.name == "llvm" else "default"
     tuned = time.perf_counter()
     executable = tvm.compile(mod, target=tvm_target, relax_pipeline=pipeline)
@@ -182,11 +188,18 @@ def levels_source(libraries: dict[str, Path]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[Any, Any]:
+def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
+         database_dir: Path | None = None) -> tuple[Any, Any]:
     """``mod`` with the kernels MetaSchedule found fastest in ``trials`` measured
     candidates, shared out evenly among its tuning tasks (TVM's
     static_shape_tuning pipeline, with the build step below), and the target it
-    was tuned for, which the compile must use too."""
+    was tuned for, which the compile must use too.
+
+    With ``database_dir``, what tuning finds is kept there (a MetaSchedule JSON
+    database per TVM version, under a lock), and a kernel that an earlier
+    compile tuned for this target (the same workload: shapes, dtypes, fused
+    epilogue) takes its record from there and no trials: the model's other
+    kernels share them all."""
     check_tuning_works()  # first: it names the fix for a missing module, psutil among them
     # Candidates are timed with the thread settings the op library gives TVM
     # beside TF (dsoop.c, default_tvm_thread_settings) where the user set none:
@@ -197,9 +210,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[A
     import psutil
     import tvm
     from tvm import relax
-    from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
     if not isinstance(target_json, dict):  # a kind or a tag: its full form
         target_json = dict(tvm.target.Target(target_json).export())
@@ -213,6 +224,67 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[A
                                         relax.transform.CanonicalizeBindings(),
                                         relax.get_pipeline("zero")])(mod)
     tasks = ms.relax_integration.extract_tasks(mod, target)
+
+    def has_record(task: Any) -> bool:
+        return database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None
+
+    with tuning_database(database_dir) as database:
+        new = [task for task in tasks if not has_record(task)]
+        if len(new) < len(tasks):
+            progress(f"{len(tasks) - len(new)} of {len(tasks)} kernels were tuned before "
+                     f"(in {database_dir}): their schedules are reused")
+        if new:
+            measure(new, target, trials, database, start)
+        # A kernel none of whose candidates built and ran keeps its untuned form:
+        # say how many did, and fail when none did (the user asked for tuning).
+        tuned = sum(has_record(task) for task in tasks)
+        if tuned == 0:
+            raise RuntimeError(f"tuning found no working candidate for any of the {len(tasks)} kernels "
+                               "(MetaSchedule's log above says why)")
+        with target, database:
+            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
+    return mod, target
+
+
+@contextlib.contextmanager
+def tuning_database(folder: Path | None) -> Iterator[Any]:
+    """MetaSchedule's records: in memory, or kept in ``folder`` under this TVM's
+    version (records of another TVM may not apply), held under an exclusive lock
+    while in use, so that two compiles never write its files at once."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if folder is None:
+        yield ms.database.MemoryDatabase()
+        return
+    kept = folder / tvm_version()
+    kept.mkdir(parents=True, exist_ok=True)
+    with open(kept / "lock", "a+b") as lock:
+        if not try_lock(lock):
+            progress(f"waiting for another compile's tuning to finish with {kept}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield ms.database.JSONDatabase(work_dir=str(kept))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def try_lock(lock: Any) -> bool:
+    """Takes an exclusive lock on the open file ``lock`` if no one holds it."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: float) -> None:
+    """Tunes ``tasks`` (MetaSchedule's extracted tasks) with ``trials`` measured
+    candidates shared evenly among them, into ``database``."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
     per_task = max(1, -(-trials // len(tasks)))
     progress(f"tuning {len(tasks)} kernels, {trials} trials in all (up to {per_task} each): "
              "MetaSchedule's own log follows on stderr")
@@ -232,22 +304,12 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int) -> tuple[A
                      f"({time.perf_counter() - start:.0f} s)")
 
     with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
-        database = ms.relax_integration.tune_relax(
-            mod, params={}, target=target, work_dir=work_dir, max_trials_global=trials,
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
+        ms.tune.tune_tasks(
+            tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
             max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
-            builder=ms.builder.LocalBuilder(f_build=build_candidate), database="memory",
+            builder=ms.builder.LocalBuilder(f_build=build_candidate), database=database,
             measure_callbacks=[*ms.MeasureCallback.create("default"), Progress()])
-    # A kernel none of whose candidates built and ran keeps its untuned form:
-    # say how many did, and fail when none did (the user asked for tuning).
-    tuned = sum(database.query_tuning_record(task.dispatched[0], target, task.task_name) is not None
-                for task in tasks)
-    if tuned == 0:
-        raise RuntimeError(f"tuning found no working candidate for any of the {len(tasks)} kernels "
-                           "(MetaSchedule's log above says why)")
-    with target, database:
-        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-    progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
-    return mod, target
 
 
 def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]:
@@ -499,11 +561,12 @@ def main(argv: list[str]) -> int:
     if argv == ["--host-target"]:
         print(json.dumps(host_target()))
         return 0
-    if len(argv) not in (3, 4) or (len(argv) == 4 and not argv[3].isdigit()):
+    if len(argv) not in (3, 4, 5) or (len(argv) >= 4 and not argv[3].isdigit()):
         print(__doc__, file=sys.stderr)
         return 64
     try:
-        compile_tflite(Path(argv[0]), Path(argv[1]), json.loads(argv[2]), int(argv[3]) if len(argv) == 4 else 0)
+        compile_tflite(Path(argv[0]), Path(argv[1]), json.loads(argv[2]), int(argv[3]) if len(argv) >= 4 else 0,
+                       Path(argv[4]) if len(argv) == 5 else None)
     except Exception as err:  # noqa: BLE001  (every failure is reported to the parent the same way)
         import traceback
 

@@ -465,7 +465,8 @@ TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
 def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A small budget (16 trials, about a minute): what is checked is that the
     tuned kernels keep their schedule, that the faster of the tuned and the
-    untuned library is kept, that it is right, and cached under its own key."""
+    untuned library is kept, that it is right, cached under its own key, and
+    that a later model with the same kernels reuses what tuning found."""
     model, x = _mlp(), _inputs(4, 16)
     caplog.set_level(logging.INFO, logger="tf_op.compiler")
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
@@ -481,6 +482,17 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert figures["kept"] == ("tuned" if figures["tuned_us"] <= figures["untuned_us"] else "untuned"), figures
     compile(model, cache_dir=tmp_path, batch_sizes=[4])
     assert len(_libraries(tmp_path)) == 2, "tuned and untuned libraries share a cache key"
+
+    # Another model with the same kernels (other weights): what tuning found is
+    # reused from the cache folder, with no trial measured.
+    caplog.clear()
+    keras.utils.set_random_seed(7)
+    other = keras.models.clone_model(model)
+    retuned = compile(other, cache_dir=tmp_path, tune=16, batch_sizes=[4])
+    np.testing.assert_allclose(retuned(x).numpy(), other(x).numpy(), rtol=RTOL, atol=ATOL)
+    assert "2 of 2 kernels were tuned before" in caplog.text, caplog.text
+    assert not re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "tuned again"
+    assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text)
 
 
 def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,8 +98,10 @@ def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, 
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=lib_path.parent) as tmp:
         tflite_path, out_path = Path(tmp, "model.tflite"), Path(tmp, "model.so")
         tflite_path.write_bytes(tflite_bytes)
+        # What tuning finds is kept in the cache folder, for the kernels of later compiles.
+        tuning = [str(lib_path.parent / "tuning")] if trials else []
         returncode, output = _run(
-            [python, str(script()), str(tflite_path), str(out_path), json.dumps(target), str(trials)], name)
+            [python, str(script()), str(tflite_path), str(out_path), json.dumps(target), str(trials), *tuning], name)
         if returncode != 0 or not out_path.is_file():
             raise CompileError(f"tf_op.compile({name}): TVM could not compile the model for target "
                                f"{target!r} (exit {returncode}):\n{tail(output)}")
