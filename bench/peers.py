@@ -101,8 +101,15 @@ def ort_engine(graph: Callable[..., object], x: np.ndarray) -> Call:
     with THREADS intra-op threads and its other defaults (its workers spin a while after a call)."""
     import onnxruntime as ort
     import tf2onnx
+    from tf2onnx import tf_loader
 
-    proto, _ = tf2onnx.convert.from_function(graph, input_signature=[tf.TensorSpec(x.shape, tf.float32)], opset=17)
+    # tf2onnx.convert.from_function makes every placeholder of the function an input, those of the constants it
+    # captures too (EfficientNet's Normalization), which then have no value: frozen here, the argument the one input.
+    concrete = graph.get_concrete_function()
+    args = len(tf.nest.flatten(concrete.structured_input_signature))
+    names = [t.name for t in concrete.inputs[:args]], [t.name for t in concrete.outputs]
+    frozen = tf_loader.from_function(concrete, *names)
+    proto, _ = tf2onnx.convert.from_graph_def(frozen, input_names=names[0], output_names=names[1], opset=17)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
