@@ -181,7 +181,7 @@ def peers_part(r: Results) -> list[str]:
         f"### Peers (11): {r['peers_threads']} threads each, {', '.join(k + '=' + str(r['peers_' + k.lower()]) for k in TVM_BESIDE_TF)}; "
         f"onnxruntime {r['peers_version_onnxruntime']}, tf2onnx {r['peers_version_tf2onnx']}, TFLite through "
         f"{r['peers_tflite_interpreter']} (ai-edge-litert {r['peers_version_ai_edge_litert']}); {r['peers_rounds']} rounds",
-        "µs per call, median; in brackets TF's time / the engine's, the median of per-round ratios (above 1: faster than TF)",
+        "µs per call, median; in parentheses TF's time / the engine's, the median of per-round ratios (above 1: faster than TF)",
         table(header, [[label, *(speed(p, e) for e in engines)] for label, p in rows]),
         "![peers](benchmarks_peers.png)",
         "Seconds to the first output (trace, convert or compile, load, one call; TVM into an empty cache)",
