@@ -67,7 +67,7 @@ BUILDERS: dict[str, Callable[[], keras.Model]] = {
 def reason(err: BaseException) -> str:
     """An exception as one short table-safe line: its type, its message's start and end (where errors say why)."""
     text = f"{type(err).__name__}: {' '.join(str(err).split())}".replace("|", "/")
-    return text if len(text) <= 200 else f"{text[:90]} … {text[-100:]}"
+    return text if len(text) <= 130 else f"{text[:50]} … {text[-80:]}"
 
 
 def tflite_interpreter(model: bytes) -> tuple[object, str]:
