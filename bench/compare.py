@@ -334,10 +334,10 @@ def bridge(rounds: int, tune: int = 0) -> Results:
 
 
 def peers(rounds: int, tune: int = 0, models: str = "") -> Results:
-    """11: other engines on the same models (bench/peers.py: imported here only, as its converters are heavy)."""
-    from peers import PEERS_MODELS, peers as run_peers
+    """11: other engines on other models (bench/peers.py, imported by this comparison alone: its converters are heavy)."""
+    from peers import peers as run_peers
 
-    return run_peers(rounds, tune, models.split(",") if models else tuple(PEERS_MODELS))
+    return run_peers(rounds, tune, [m for m in models.split(",") if m])
 
 
 COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "py_function": py_function, "large": large,
@@ -366,8 +366,8 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.what == "memory":
         return memory(args.mode or parser.error("memory needs a mode"))
-    extra = {"tune": args.tune} if args.what in ("bridge", "peers") else {}
-    results = COMPARISONS[args.what](args.rounds, **extra, **({"models": args.models} if args.what == "peers" else {}))
+    extra = {"bridge": {"tune": args.tune}, "peers": {"tune": args.tune, "models": args.models}}.get(args.what, {})
+    results = COMPARISONS[args.what](args.rounds, **extra)
     with open(args.out or parser.error(f"{args.what} needs --out"), "w") as f:
         f.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
 

@@ -166,8 +166,9 @@ def measure(name: str, batch: int, model: keras.Model, compiled: dict[str, tf_op
     print(f"peers: {name} b{batch}: " + ", ".join(f"{e} {out[p + e + '_us']:.0f} us" for e in calls), flush=True)
 
 
-def peers(rounds: int, tune: int = 0, models: Sequence[str] = tuple(PEERS_MODELS)) -> Results:
-    """The section: every model of ``models`` at each of its batches (common.PEERS_MODELS)."""
+def peers(rounds: int, tune: int = 0, models: Sequence[str] = ()) -> Results:
+    """The section: each of ``models`` (default all) at each of its batches (common.PEERS_MODELS)."""
+    models = list(models) or list(PEERS_MODELS)
     if unknown := set(models) - set(PEERS_MODELS):
         raise SystemExit(f"peers: no model {', '.join(sorted(unknown))}; there are {', '.join(PEERS_MODELS)}")
     # Before TF's runtime and TVM's pool start: the same threads for every engine.
