@@ -2,7 +2,7 @@
 # make test   every test: Go (dlpack, dsoop, kernels) and Python (tf_op)
 # make build  the op library, build/libtvm_dso_op.so
 # make bench  side-by-side benchmarks: build/bench/results.json and benchmarks.md
-#             (QUICK=1: fewer rounds; TUNE=N: also the bridge models tuned with N trials)
+#             (QUICK=1: fewer rounds, the small peers only; TUNE=N: also the bridge and peers models tuned with N trials)
 # make bench-publish  the last make bench's results into docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
@@ -100,7 +100,13 @@ run-fuzz:
 	go test -run '^$$' -fuzz FuzzFramePack -fuzztime $(FUZZTIME) ./dsoop
 	go test -run '^$$' -fuzz FuzzParseEmbeddedModules -fuzztime $(FUZZTIME) ./dsoop
 
-bench: build
+# The peers' engines (ONNX Runtime, tf2onnx, LiteRT) are for make bench alone.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): requirements/bench.txt $(STAMP)
+	$(PYTHON) -m pip install --quiet -r requirements/test.txt -r requirements/bench.txt
+	touch $@
+
+bench: build $(BENCH_STAMP)
 	$(PYTHON) bench/run.py $(if $(QUICK),--quick) $(if $(TUNE),--tune $(TUNE))
 
 bench-publish: setup

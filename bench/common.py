@@ -17,7 +17,7 @@ MODELS_DIR: Final = BUILD_DIR / "models"
 VM_DIRECT: Final = BUILD_DIR / "libvm_direct.so"  # bench/vm_direct.c, built by make build
 RESULTS: Final = BUILD_DIR / "results.json"
 #: The report: hand-written prose; the part between RESULTS_MARKERS is generated.
-DOC, PLOT = ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks.png"
+DOC, PLOT, PEERS_PLOT = (ROOT / "docs" / name for name in ("benchmarks.md", "benchmarks.png", "benchmarks_peers.png"))
 RESULTS_MARKERS: Final = ("<!-- results: written by make bench (bench/report.py) -->", "<!-- end of results -->")
 #: The GPU figures, recorded by `make test-gpu` on a GPU machine (docs/gpu.md).
 GPU_RESULTS: Final = ROOT / "docs" / "gpu_results.json"
@@ -40,6 +40,15 @@ SERVED_WORKLOADS: Final = ("matmul", "model_b1", "model_b32")  # tfbridge.Benchm
 SERVED_CALLERS: Final = (1, 2, 8)
 BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")  # compare.py bridge, in report order
 BRIDGE_CACHE: Final = BUILD_DIR / "bridge_cache"  # emptied at each run
+#: The peers (compare.py peers, bench/peers.py): each model's batches, in report order; QUICK runs only the first three.
+PEERS_MODELS: Final = {"cnn": (1, 32), "transformer": (1, 8), "lstm": (1, 8), "mobilenetv2": (1, 8),
+                       "resnet50": (1, 8), "efficientnetb0": (1,)}
+PEERS_QUICK: Final = ("cnn", "transformer", "lstm")
+#: Its engines, in report order, with their column names; "tvm_tuned" only with --tune.
+PEERS_ENGINES: Final = {"tf": "TF graph", "xla": "XLA (jit_compile)", "tflite": "TFLite + XNNPACK",
+                        "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_tuned": "tf_op.compile tuned"}
+PEERS_TOLERANCE: Final = 1e-4  # of float32 engines: max |engine - TF| / max |TF|
+PEERS_CACHE: Final = BUILD_DIR / "peers_cache"  # emptied at each run
 #: TVM beside TF in the bridge (docs/serving.md, Threads): all CPUs, as TF's kernels; idle workers asleep, not spinning.
 TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
 #: Each key's goal: (comparison, bound). The tuned bridge keys exist only with --tune.

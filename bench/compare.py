@@ -1,7 +1,8 @@
 """One comparison in this process, its figures written as flat JSON (docs/benchmarks.md
 says what each measures), or one memory figure.
 
-    python bench/compare.py {overhead,py_function,large,model,bridge} --out OUT.json
+    python bench/compare.py {overhead,py_function,large,model,bridge,peers} --out OUT.json
+    python bench/compare.py peers --out OUT.json --models cnn,lstm --rounds 3 [--tune TRIALS]
     python bench/compare.py memory {baseline,tvmdsoop,tf_add}
 
 One process each, so that no comparison inherits another's allocator or cache state.
@@ -332,8 +333,15 @@ def bridge(rounds: int, tune: int = 0) -> Results:
     return out
 
 
+def peers(rounds: int, tune: int = 0, models: str = "") -> Results:
+    """11: other engines on other models (bench/peers.py, imported by this comparison alone: its converters are heavy)."""
+    from peers import peers as run_peers
+
+    return run_peers(rounds, tune, [m for m in models.split(",") if m])
+
+
 COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "py_function": py_function, "large": large,
-                                                  "model": model, "bridge": bridge}
+                                                  "model": model, "bridge": bridge, "peers": peers}
 
 
 def memory(mode: str) -> None:
@@ -353,11 +361,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("mode", nargs="?", choices=("baseline", "tvmdsoop", "tf_add"), help="memory: what it applies")
     parser.add_argument("--out", help="where a comparison writes its figures (JSON)")
     parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--tune", type=int, default=0, help="bridge: also the models tuned with TRIALS trials")
+    parser.add_argument("--tune", type=int, default=0, help="bridge, peers: also the models tuned with TRIALS trials")
+    parser.add_argument("--models", default="", help="peers: which models, comma-separated (default all)")
     args = parser.parse_args(argv)
     if args.what == "memory":
         return memory(args.mode or parser.error("memory needs a mode"))
-    results = COMPARISONS[args.what](args.rounds, **({"tune": args.tune} if args.what == "bridge" else {}))
+    extra = {"bridge": {"tune": args.tune}, "peers": {"tune": args.tune, "models": args.models}}.get(args.what, {})
+    results = COMPARISONS[args.what](args.rounds, **extra)
     with open(args.out or parser.error(f"{args.what} needs --out"), "w") as f:
         f.write(json.dumps(results, indent=1, sort_keys=True) + "\n")
 

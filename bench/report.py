@@ -12,8 +12,9 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import (BRIDGE_MODELS, CHAIN, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES, MODEL_BATCHES,  # noqa: E402
-                    MODEL_CHAIN, PER_OP_CHAIN, PER_OP_PERCENTILE, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS,
-                    SERVED_WORKLOADS, TVM_BESIDE_TF, Results, goal_met)
+                    MODEL_CHAIN, PEERS_ENGINES, PEERS_MODELS, PEERS_PLOT, PEERS_TOLERANCE, PER_OP_CHAIN,
+                    PER_OP_PERCENTILE, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS,
+                    TVM_BESIDE_TF, Results, goal_met)
 
 Rows = list[tuple[str, str]]
 
@@ -137,12 +138,76 @@ def results_part(r: Results) -> str:
                 *(cell(r, f"served_{k}_{w}_n{n}") for k in ("ratio_vs_direct", "ratio_vs_tf", "in_caller_ratio_vs_direct"))]
                for w in SERVED_WORKLOADS for n in SERVED_CALLERS]),
     ]
+    parts += peers_part(r)
     for title, keys in DETAILS.items():
         parts += [f"### {title}", table(["key", "value"], [[f"`{k}`", cell(r, k)] for k in keys])]
     if "gpu_date" in r:
         parts.append(f"GPU figures (docs/gpu_results.json): `make test-gpu` on {r['gpu_date']}, {r['gpu_machine']}; "
                      f"{r['gpu_stress_wrong']} values wrong of {r['gpu_stress_calls']} stress rounds.")
     return "\n\n".join(parts)
+
+
+def peers_rows(r: Results) -> tuple[list[str], list[tuple[str, str]]]:
+    """The peers' engines that ran (the tuned one only with --tune) and (model, key prefix) of each row."""
+    engines = [e for e in PEERS_ENGINES if e != "tvm_tuned" or r.get("peers_tune_trials")]
+    return engines, [(f"{m} b{b}", f"peers_{m}_b{b}_") for m in str(r["peers_models"]).split(",") for b in PEERS_MODELS[m]]
+
+
+def peers_part(r: Results) -> list[str]:
+    """11 (when run): µs per call with TF's / the engine's time, seconds to the first output, max errors."""
+    if "peers_rounds" not in r:
+        return []
+    engines, rows = peers_rows(r)
+
+    def speed(p: str, e: str) -> str:
+        if why := r.get(f"{p}{e}_skipped"):
+            return f"skipped: {why}"
+        if e == "tf":
+            return cell(r, f"{p}tf_us")
+        return f"{cell(r, p + e + '_us')} (×{float(r[p + e + '_vs_tf']):.2f})" + (
+            "" if r[f"{p}{e}_ok"] == "yes" else " **wrong**")
+
+    def error(p: str, e: str) -> str:
+        if f"{p}{e}_err" not in r:
+            return "skipped" if f"{p}{e}_skipped" in r else "–"
+        v = float(r[f"{p}{e}_err"])
+        return f"{v:.1e}" if v <= PEERS_TOLERANCE else f"**{v:.1e}**"
+
+    def first(p: str, e: str) -> str:
+        return "skipped" if f"{p}{e}_skipped" in r else cell(r, f"{p}{e}_first_s")
+
+    header = ["model", *(PEERS_ENGINES[e] for e in engines)]
+    return [
+        f"### Peers (11): {r['peers_threads']} threads each, {', '.join(k + '=' + str(r['peers_' + k.lower()]) for k in TVM_BESIDE_TF)}; "
+        f"onnxruntime {r['peers_version_onnxruntime']}, tf2onnx {r['peers_version_tf2onnx']}, TFLite through "
+        f"{r['peers_tflite_interpreter']} (ai-edge-litert {r['peers_version_ai_edge_litert']}); {r['peers_rounds']} rounds",
+        "µs per call, median; in parentheses TF's time / the engine's, the median of per-round ratios (above 1: faster than TF)",
+        table(header, [[label, *(speed(p, e) for e in engines)] for label, p in rows]),
+        "![peers](benchmarks_peers.png)",
+        "Seconds to the first output (trace, convert or compile, load, one call; TVM into an empty cache)",
+        table(header, [[label, *(first(p, e) for e in engines)] for label, p in rows]),
+        f"Max |engine − TF| / max |TF| (bold: over {PEERS_TOLERANCE:g})",
+        table(header[:1] + header[2:], [[label, *(error(p, e) for e in engines[1:])] for label, p in rows]),
+    ]
+
+
+def write_peers_plot(r: Results, path: Path) -> None:
+    """TF's time / each engine's, per model and batch: above 1, faster than TF."""
+    engines, rows = peers_rows(r)
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
+    height = 0.8 / (len(engines) - 1)
+    for i, e in enumerate(engines[1:]):
+        ratios = [float(r.get(f"{p}{e}_vs_tf", float("nan"))) for _, p in rows]
+        ax.barh([j + i * height for j in range(len(rows))], ratios, height, label=PEERS_ENGINES[e])
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(rows))], [label for label, _ in rows])
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set(xscale="log", xlabel="TF graph's time / the engine's (above 1: faster than TF; no bar: skipped)",
+           title=f"Peers, {r['date']}, {r['peers_threads']} threads ({r['cpu_model']})")
+    ax.invert_yaxis()
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write_plot(r: Results, path: Path) -> None:
@@ -167,3 +232,5 @@ def write_report(r: Results, template: Path, path: Path, plot: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{text[:start]}{RESULTS_MARKERS[0]}\n\n{results_part(r)}\n\n{text[end:]}")
     write_plot(r, plot)
+    if "peers_rounds" in r:
+        write_peers_plot(r, plot.with_name(PEERS_PLOT.name))

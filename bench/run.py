@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR, PLOT,
-                    RESULTS, ROOT, VM_DIRECT, Results)
+from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
+                    PEERS_QUICK, PLOT, RESULTS, ROOT, VM_DIRECT, Results)
 from report import KEYS, summary, write_report
 
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in seconds (the bridge compiles
-#: MobileNetV2 twice, 10-60 s each, and times it).
-COMPARISONS = {"overhead": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200}
+#: MobileNetV2 twice, 10-60 s each, and times it; the peers compile 11 models x batches four ways, 224x224 ones too).
+COMPARISONS = {"overhead": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200, "peers": 2400}
+TUNED_CELLS = {"bridge": 8, "peers": 11}  # models x batches that --tune tunes: minutes each, ~2 s a trial
 #: "overhead" runs in 4 processes, each key their median: a per-op slope differs more between processes (where code
 #: and heap land) than between rounds. Per-op ratio brackets: lowest, highest; NaN stays NaN.
 OVERHEAD_PROCESSES, PER_OP_RATIOS = 4, ("per_op_ratio_vs_tf_add", "per_op_ratio_vs_tf_add_allocating")
@@ -131,9 +132,9 @@ def environment() -> Results:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and memory processes")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and memory processes, the small peers only")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 15, quick 5)")
-    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS", help="also the bridge models tuned")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS", help="also the bridge and peers models tuned")
     parser.add_argument("--publish", action="store_true", help="the last results into docs/, measure nothing")
     args = parser.parse_args(argv)
     if args.publish:
@@ -146,11 +147,12 @@ def main(argv: list[str]) -> None:
     build_libraries()
     results: Results = environment()
     for name, timeout in COMPARISONS.items():
-        out, tuning = BUILD_DIR / f"{name}.json", ["--tune", str(args.tune)] if name == "bridge" and args.tune else []
-        each: list[Results] = []  # tuning: minutes per model and batch (4 x 2), ~2 s a trial
+        out, tuning = BUILD_DIR / f"{name}.json", ["--tune", str(args.tune)] if name in TUNED_CELLS and args.tune else []
+        models = ["--models", ",".join(PEERS_QUICK)] if name == "peers" and args.quick else []
+        each: list[Results] = []
         for _ in range(OVERHEAD_PROCESSES if name == "overhead" else 1):
-            run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning],
-                f"comparison {name}", timeout=timeout + (8 * (120 + 2 * args.tune) if tuning else 0))
+            run([str(BENCH_DIR / "compare.py"), name, "--out", str(out), "--rounds", str(rounds), *tuning, *models],
+                f"comparison {name}", timeout=timeout + (TUNED_CELLS[name] * (120 + 2 * args.tune) if tuning else 0))
             each.append(json.loads(out.read_text()))
         results.update({k: float(np.median([o[k] for o in each])) if isinstance(v, float) else v for k, v in each[0].items()})
         if name == "overhead":
