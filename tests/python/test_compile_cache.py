@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from helpers import run_python
 
-from tf_op import compile
+from tf_op import CompileError, compile
 from tf_op.compiler import tflite_conversion
 
 RTOL = ATOL = 1e-5
@@ -123,3 +123,21 @@ def test_a_fresh_process_hits_without_converting_and_other_weights_miss(tmp_path
     assert "cache hit" in again and "to TFLite" not in again and "TVM compiled" not in again
     assert "cache hit" not in other and "TVM compiled" in other
     assert len(_libraries(tmp_path)) == 2
+
+
+def test_variables_assigned_during_the_conversion_are_a_compile_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key holds the values fingerprinted before the conversion, which reads
+    them again: a variable assigned in between (another thread training) would
+    cache a library under the key of weights it does not hold. It is refused."""
+    model = _mlp()
+    convert = tf.lite.TFLiteConverter.from_concrete_functions
+
+    def assigning_first(*args: object, **kwargs: object) -> tf.lite.TFLiteConverter:
+        model.layers[0].kernel.assign(model.layers[0].kernel * 2.0)
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "from_concrete_functions", assigning_first)
+    with pytest.raises(CompileError, match="variables changed while it was compiled"):
+        compile(model, batch_sizes=[2], cache_dir=tmp_path)
+    assert _libraries(tmp_path) == []
