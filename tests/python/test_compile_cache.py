@@ -82,7 +82,8 @@ def test_fingerprint_holds_captured_variables_and_tensors() -> None:
     v = tf.Variable(_inputs(8, 32, seed=1))
 
     def traced(w: tf.Tensor) -> tuple[str, bytes]:
-        concrete = tf.function(lambda x: tf.nn.relu(x @ v + x @ w)).get_concrete_function(tf.TensorSpec([2, 8], name="x"))
+        fn = tf.function(lambda x: tf.nn.relu(x @ v + x @ w))
+        concrete = fn.get_concrete_function(tf.TensorSpec([2, 8], name="x"))
         graph = concrete.graph.as_graph_def().SerializeToString(deterministic=True)
         return tflite_conversion.fingerprint(concrete).digest, graph
 

@@ -53,12 +53,12 @@ def fingerprint(concrete: Any) -> Fingerprint:
     - each capture's value, in the graph's order, as the converter freezes it: a
       variable's (Keras weights) or a captured tensor's dtype, shape and bytes.
 
-    Node names are hashed as they are: the same model built the same way in
-    another process fingerprints the same, but a second model of one
-    architecture in one process does not (Keras numbers its layers:
-    ``dense_1``), nor do nested tf.functions traced after other functions (TF
-    numbers them). Those miss the cache; nothing that converts differently
-    hits it."""
+    Node and function names are hashed as they are: the same model built, or
+    loaded, the same way in another process fingerprints the same, but a second
+    model of one architecture in one process does not (Keras numbers its layers:
+    ``dense_1``), nor does a function that calls other tf.functions (a loaded
+    SavedModel's) where the process traced other functions first (TF numbers
+    them). Those miss the cache; nothing that converts differently hits it."""
     graph = concrete.graph
     sha = hashlib.sha256()
 
