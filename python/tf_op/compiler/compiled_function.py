@@ -196,14 +196,14 @@ class CompiledFunction(tf.Module):
         def tflite() -> bytes:
             start = time.perf_counter()
             tflite_bytes = tflite_conversion.to_tflite(concrete, state.name)
+            logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes),
+                        time.perf_counter() - start)
             # The converter reads the variables now, not when they were
             # fingerprinted: had another thread assigned one since, the library
             # would be cached under the key of values it does not hold.
             if tflite_conversion.fingerprint(concrete) != fingerprint:
                 raise CompileError(f"tf_op.compile({state.name}): its variables changed while it was compiled; "
                                    "compile it again when they stay still")
-            logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes),
-                        time.perf_counter() - start)
             return tflite_bytes
 
         lib_path, digest = _library(fingerprint.digest, tflite, state.target, state.trials, state.cache_dir, state.name)
