@@ -504,7 +504,7 @@ def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.Monke
     for threads, spin in (("1", ""), ("2", ""), ("2", "0")):
         monkeypatch.setenv("TVM_NUM_THREADS", threads)
         monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", spin)
-        keys[threads, spin] = (key(b"model", "native", 16, "0.27"), key(b"model", "native", 0, "0.27"))
+        keys[threads, spin] = (key("model", "native", 16, "0.27"), key("model", "native", 0, "0.27"))
     assert len({tuned for tuned, _ in keys.values()}) == 3, keys
     assert len({untuned for _, untuned in keys.values()}) == 1, keys
 
@@ -521,7 +521,7 @@ def test_cache_keys_hold_the_workers_source(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(worker, "digest", worker.digest.__wrapped__)
 
     def key() -> str:
-        return cache.key(b"model", "native", 0, "0.27")
+        return cache.key("model", "native", 0, "0.27")
 
     same = key()
     assert key() == same

@@ -10,13 +10,15 @@ the TVM Python (``TVMDSOOP_TVM_PYTHON``, default this Python) runs the worker,
 ``export_library``. TVM's compiler never loads here: its LLVM clashes with TF's.
 
 Each static input shape is compiled once and kept in a content-addressed cache
-folder, so a second process (a server restart) loads instead of compiling.
+folder, so a second process (a server restart) loads instead of compiling; the
+key comes from the traced function, so a hit does not convert to TFLite either.
 
 One concept a module:
   api                ``compile``: the arguments checked, the defaults chosen
   compiled_function  ``CompiledFunction``: a library per static input shape, and
                      the dispatch among them
-  tflite_conversion  a traced function -> a TFLite flatbuffer
+  tflite_conversion  a traced function -> a TFLite flatbuffer, and the fingerprint
+                     of what that reads (keys the cache before converting)
   targets            TVM targets: the default and the host target, their kinds,
                      ``"native"`` resolved to this CPU
   cache              the cache folder (``TVMDSOOP_CACHE_DIR``): keys and entries

@@ -1,9 +1,11 @@
 """The compile cache: a folder of libraries by content key, so that a second
 process (a server restart) loads instead of compiling.
 
-A key hashes the TFLite model with what else decides the library: the resolved
-target, the tuning budget, the TVM version, the worker's source and this
-module's ``FORMAT_VERSION``. Each library ``KEY.so`` has beside it the sha256 it
+A key hashes the traced function's fingerprint (tflite_conversion.py: its graph,
+captured values, TF's version; known before the function is converted, so a hit
+does not convert) with what else decides the library: the resolved target, the
+tuning budget, the TVM version, the worker's source and this module's
+``FORMAT_VERSION``. Each library ``KEY.so`` has beside it the sha256 it
 had when made (``KEY.so.sha256``): an entry whose library no longer matches is
 compiled again. The folder also keeps the resolved host target (targets.py).
 """
@@ -17,7 +19,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,7 @@ logger = logging.getLogger(__package__)
 #: Part of every cache key: raise it when what a cache entry holds, or how this
 #: package makes it, changes, so that old entries are not reused (the worker's own
 #: source is part of the key already: ``worker.digest``).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 #: What TVM's thread pool reads from the environment: how many threads run a
 #: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).
@@ -45,24 +47,27 @@ def folder(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(chosen).expanduser()
 
 
-def key(tflite_bytes: bytes, target: Target, trials: int, tvm_version: str) -> str:
+def key(fingerprint: str, target: Target, trials: int, tvm_version: str) -> str:
+    """The entry of a function (its ``tflite_conversion.fingerprint``) compiled
+    for ``target`` with ``trials`` tuning trials by ``tvm_version``."""
     # A tuned compile keeps whichever of the tuned and the untuned library ran
     # faster with the worker's TVM thread settings, which it inherits from here,
     # on this many CPUs (TVM's thread count when unset, MetaSchedule's num-cores).
     threads: dict[str, str] = {}
     if trials:
         threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
-    header = json.dumps({"format": FORMAT_VERSION, "target": target, "trials": trials, "tvm": tvm_version,
-                         "tvm_threads": threads, "worker": worker.digest()}, sort_keys=True)
-    return hashlib.sha256(header.encode() + b"\0" + tflite_bytes).hexdigest()
+    header = json.dumps({"format": FORMAT_VERSION, "model": fingerprint, "target": target, "trials": trials,
+                         "tvm": tvm_version, "tvm_threads": threads, "worker": worker.digest()}, sort_keys=True)
+    return hashlib.sha256(header.encode()).hexdigest()
 
 
-def library(tflite_bytes: bytes, target: Target, trials: int, python: str, tvm_version: str, cache_dir: Path,
-            name: str) -> tuple[Path, str]:
-    """The library for this TFLite model, resolved target and tuning budget, and
-    its sha256: from the cache when its entry is whole (its recorded digest
-    matches), else compiled now by the worker on ``python``."""
-    entry = key(tflite_bytes, target, trials, tvm_version)
+def library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, python: str,
+            tvm_version: str, cache_dir: Path, name: str) -> tuple[Path, str]:
+    """The library for the function of this fingerprint, resolved target and
+    tuning budget, and its sha256: from the cache when its entry is whole (its
+    recorded digest matches), else compiled now by the worker on ``python`` from
+    the flatbuffer ``tflite()`` makes (called on a miss only: it takes seconds)."""
+    entry = key(fingerprint, target, trials, tvm_version)
     lib_path, digest_path = cache_dir / f"{entry}.so", cache_dir / f"{entry}.so.sha256"
     with _exclusive(cache_dir / f"{entry}.lock"):
         if lib_path.is_file() and digest_path.is_file():
@@ -71,7 +76,9 @@ def library(tflite_bytes: bytes, target: Target, trials: int, python: str, tvm_v
                 logger.info("cache hit for %s: %s", name, lib_path)
                 return lib_path, recorded
             logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
-        digest = worker.compile_into(tflite_bytes, target, trials, python, lib_path, name)
+        else:
+            logger.info("cache miss for %s: converting it to TFLite and compiling %s", name, lib_path)
+        digest = worker.compile_into(tflite(), target, trials, python, lib_path, name)
         write_atomically(digest_path, digest.encode() + b"\n")
     return lib_path, digest
 

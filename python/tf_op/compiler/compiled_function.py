@@ -15,10 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_op.compiler import cache, targets, worker
+from tf_op.compiler import cache, targets, tflite_conversion, worker
 from tf_op.compiler.errors import CompileError
 from tf_op.compiler.targets import Target
-from tf_op.compiler.tflite_conversion import to_tflite
 from tf_op.module import Func, Module
 
 logger = logging.getLogger(__package__)
@@ -174,7 +173,8 @@ class CompiledFunction(tf.Module):
         return tf.nest.pack_sequence_as(candidates[0][1].structure, flat)
 
     def _build(self, shapes: Shapes) -> _Compiled:
-        """Trace -> TFLite -> (cache or TVM worker) -> a TVMDSOOp for one input shape."""
+        """Trace -> fingerprint -> (cache, or TFLite and the TVM worker) -> a
+        TVMDSOOp for one input shape."""
         state = self._state
         start = time.perf_counter()
         specs = [tf.TensorSpec(shape, s.dtype, name=s.name or f"input_{i}")
@@ -188,10 +188,25 @@ class CompiledFunction(tf.Module):
         logger.info("traced %s for %s in %.2f s", state.name, list(shapes), time.perf_counter() - start)
 
         start = time.perf_counter()
-        tflite_bytes = to_tflite(concrete, state.name)
-        logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes), time.perf_counter() - start)
+        fingerprint = tflite_conversion.fingerprint(concrete)
+        logger.info("fingerprinted %s (its graph, %d bytes, and %d captured values, %.1f MB) in %.2f s",
+                    state.name, fingerprint.graph_bytes, fingerprint.values, fingerprint.value_bytes / 1e6,
+                    time.perf_counter() - start)
 
-        lib_path, digest = _library(tflite_bytes, state.target, state.trials, state.cache_dir, state.name)
+        def tflite() -> bytes:
+            start = time.perf_counter()
+            tflite_bytes = tflite_conversion.to_tflite(concrete, state.name)
+            logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes),
+                        time.perf_counter() - start)
+            # The converter reads the variables now, not when they were
+            # fingerprinted: had another thread assigned one since, the library
+            # would be cached under the key of values it does not hold.
+            if tflite_conversion.fingerprint(concrete) != fingerprint:
+                raise CompileError(f"tf_op.compile({state.name}): its variables changed while it was compiled; "
+                                   "compile it again when they stay still")
+            return tflite_bytes
+
+        lib_path, digest = _library(fingerprint.digest, tflite, state.target, state.trials, state.cache_dir, state.name)
         start = time.perf_counter()
         func = Module(str(lib_path), sha256=digest).func(
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
@@ -212,12 +227,13 @@ def _traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return getattr(fn, "python_function", fn)
 
 
-def _library(tflite_bytes: bytes, target: Target, trials: int, cache_dir: Path, name: str) -> tuple[Path, str]:
-    """The library for this TFLite model, target and tuning budget, and its
-    sha256: the target resolved (``HOST_TARGET``: this CPU), then from the cache,
-    or compiled now by the TVM worker."""
+def _library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, cache_dir: Path,
+             name: str) -> tuple[Path, str]:
+    """The library for the function of this fingerprint, target and tuning
+    budget, and its sha256: the target resolved (``HOST_TARGET``: this CPU),
+    then from the cache, or compiled now by the TVM worker from ``tflite()``."""
     python = worker.tvm_python()
     version = worker.tvm_version(python)  # first: its error names the fix for a Python without TVM
     cache_dir.mkdir(parents=True, exist_ok=True)  # the resolved host target is kept there too
     target = targets.resolved(target, python, version, cache_dir)
-    return cache.library(tflite_bytes, target, trials, python, version, cache_dir, name)
+    return cache.library(fingerprint, tflite, target, trials, python, version, cache_dir, name)
