@@ -1,10 +1,194 @@
 """Schedules for matrix products (dense, matmul, batch_matmul) and the
-reductions and elementwise work around them in a transformer block."""
+reductions and elementwise work around them in a transformer block.
+
+A matrix product here is any loop nest with one reduction block
+``C[b.., m.., n] += A[b.., m.., k] * B[b.., k, n]`` (TFLite's FULLY_CONNECTED
+becomes ``permute_dims(W)`` then ``matmul``, so dense layers have this form too),
+with elementwise work before it (reshapes) and after it (bias, activation, a
+residual add) that FuseOps put in the same function. The rule computes C in
+register tiles, as old TVM's x86 ``dense_pack`` did: ``mt`` rows by ``nt``
+columns of C stay in vector registers while k runs, the ``nt`` columns are
+``nt / lanes`` whole vectors of B's row, and each of the ``mt`` values of A is
+broadcast once per k. Each output's sum still runs over k in order, so results
+are those of the untuned loop nest. The epilogue runs on each tile as it is
+finished, from the registers, instead of on a whole output written and read back.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from .lanes import vector_lanes
+
+#: The least work (iterations of a loop nest) worth splitting over TVM's
+#: threads, as compile_model.PARALLEL_MIN_WORK: waking them costs microseconds.
+PARALLEL_MIN_WORK = 1 << 18
+
+#: Most rows of C in one register tile: more does not cut loads further and
+#: makes the unrolled body long.
+MAX_TILE_ROWS = 8
+
+#: Most vectors across one register tile.
+MAX_TILE_VECTORS = 4
 
 
 def rules(target: Any) -> list[Any]:
-    return []
+    return [Matmul()]
+
+
+def accumulator_registers(target: Any) -> int:
+    """Vector registers a register tile of C may take: AVX-512 has 32, SSE and
+    AVX 16; the rest hold B's vectors and A's broadcast value."""
+    from tvm.target import codegen
+
+    return 24 if "avx512f" in set(codegen.llvm_get_cpu_features(target)) else 12
+
+
+def tile_shape(m: int, n: int, lanes: int, registers: int) -> tuple[int, int] | None:
+    """Rows and columns of C's register tile: ``nt`` a multiple of ``lanes``
+    dividing ``n`` (or all of a row narrower than two vectors), ``mt`` dividing
+    ``m``, within ``registers`` vectors of accumulators, with the fewest loads
+    (mt broadcasts of A and nt / lanes vectors of B) per multiply-add; None when
+    n has no such tile (a row that is not whole vectors, wider than two)."""
+    if n % lanes:
+        return (_largest_divisor(m, min(MAX_TILE_ROWS, registers // 2)), n) if n < 2 * lanes else None
+    best: tuple[float, int, int] | None = None
+    for vectors in range(1, min(MAX_TILE_VECTORS, n // lanes) + 1):
+        if (n // lanes) % vectors:
+            continue
+        rows = _largest_divisor(m, min(MAX_TILE_ROWS, registers // vectors))
+        cost = (rows + vectors) / (rows * vectors)
+        if best is None or cost < best[0]:
+            best = (cost, rows, vectors * lanes)
+    return None if best is None else (best[1], best[2])
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, at_most) + 1) if n % d == 0)
+
+
+class Matmul(dlight.ScheduleRule):
+    """Register-tiled matrix products, with their prologue and epilogue fused."""
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        try:
+            return schedule_matmul(s_tir.Schedule(func), target)
+        except s_tir.ScheduleError:  # a primitive refused: the function keeps the fallback schedule
+            return None
+
+
+def _vars_in(region: Any) -> list[Any]:
+    return [v for r in region for v in tirx.analysis.undefined_vars(r.min)]
+
+
+def _uses(region: Any, var: Any) -> bool:
+    return any(v.same_as(var) for v in _vars_in(region))
+
+
+def schedule_matmul(sch: Any, target: Any) -> Any:
+    """``sch`` with its one matrix product register-tiled, or None when its
+    function is not one (the schedule is then thrown away)."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reductions = [b for b in blocks if any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(b).iter_vars)]
+    if len(reductions) != 1:
+        return None
+    block = reductions[0]
+    stmt = sch.get(block)
+    shape = _product_axes(sch, block)
+    if shape is None:
+        return None
+    batch, rows, (col,), (red,) = shape
+    loops = sch.get_loops(block)
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    m = math.prod(extents[i] for i in rows)
+    n = extents[col]
+    lanes = vector_lanes(target)
+    tile = tile_shape(m, n, lanes, accumulator_registers(target))
+    if tile is None:
+        return None
+    mt, nt = tile
+
+    # Everything before the product (reshapes, transposes) is read in place by
+    # it; everything after it but the last block is computed in that last one.
+    position = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(stmt))
+    for producer in blocks[:position]:
+        sch.compute_inline(producer)
+    for consumer in blocks[position + 1:-1]:
+        sch.compute_inline(consumer)
+    epilogue = blocks[-1] if position < len(blocks) - 1 else None
+
+    row = sch.fuse(*(loops[i] for i in rows)) if len(rows) > 1 else loops[rows[0]]
+    mo, mi = sch.split(row, [None, mt])
+    no, ni = sch.split(loops[col], [None, nt])
+    outer = [loops[i] for i in batch] + [mo, no]
+    sch.reorder(*outer, loops[red], mi, ni)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "local")
+    else:
+        sch.set_scope(block, 0, "local")
+    sch.reverse_compute_at(epilogue, no, preserve_unit_loops=True)
+    # The tile's loops in the epilogue: the last is C's row, vectorized.
+    tile_loops = sch.get_loops(epilogue)[len(outer):]
+    sch.vectorize(tile_loops[-1])
+    if len(tile_loops) > 1:
+        sch.unroll(sch.fuse(*tile_loops[:-1]) if len(tile_loops) > 2 else tile_loops[0])
+    if math.prod(extents) >= PARALLEL_MIN_WORK and math.prod(extents[i] for i in batch) * (m // mt) * (n // nt) > 1:
+        sch.parallel(sch.fuse(*outer))
+    # Before decompose_reduction, which copies the loops' kinds to the init
+    # block's, and after which the update block no longer counts as a reduction.
+    sch.unroll(mi)
+    sch.vectorize(ni)
+    sch.decompose_reduction(block, loops[red])
+    return sch
+
+
+def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """The loops of a matrix product ``block``, by what they index: the batch
+    (A, B and C), C's rows (A and C only), its column (B and C, C's last
+    dimension, B's last too: contiguous in both) and k (the reduction); None for
+    any other block, or one whose loops are not one per block variable, in order."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    if len(loops) != len(stmt.iter_vars) or len(stmt.writes) != 1:
+        return None
+    realize = sch.get(loops[-1]).body
+    if (not isinstance(realize, s_tir.SBlockRealize)
+            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+        return None
+    output = stmt.writes[0]
+    inputs = [r for r in stmt.reads if not r.source.same_as(output.source)]
+    if len(inputs) != 2 or any(not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops):
+        return None
+    kinds = [int(v.iter_type) for v in stmt.iter_vars]
+    reduce = [i for i, kind in enumerate(kinds) if kind == tirx.IterVar.CommReduce]
+    if len(reduce) != 1 or any(kind not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce) for kind in kinds):
+        return None
+    k = stmt.iter_vars[reduce[0]].var
+    column = next((i for i, v in enumerate(stmt.iter_vars) if v.var.same_as(output.region[-1].min)), None)
+    if column is None or reduce[0] < column:
+        return None
+    var = stmt.iter_vars[column].var
+    users = [r for r in inputs if _uses(r.region, var)]
+    if len(users) != 1 or not users[0].region[-1].min.same_as(var) or not _uses(users[0].region, k):
+        return None
+    b, a = users[0], next(r for r in inputs if r is not users[0])
+    if not _uses(a.region, k):
+        return None
+    batch, rows = [], []
+    for i, v in enumerate(stmt.iter_vars):
+        if i in (column, reduce[0]):
+            continue
+        if not _uses(output.region, v.var):
+            return None
+        (batch if _uses(b.region, v.var) or not _uses(a.region, v.var) else rows).append(i)
+    # Batch loops outside rows, rows adjacent (they are fused into one): the
+    # order TOPI writes them in.
+    if not rows or rows != list(range(rows[0], rows[-1] + 1)) or (batch and max(batch) > rows[0]) or rows[-1] > column:
+        return None
+    return batch, rows, [column], reduce
