@@ -50,12 +50,14 @@ def accumulator_registers(target: Any) -> int:
 
 def tile_shape(m: int, n: int, lanes: int, registers: int) -> tuple[int, int] | None:
     """Rows and columns of C's register tile: ``nt`` a multiple of ``lanes``
-    dividing ``n`` (or all of a row narrower than two vectors), ``mt`` dividing
-    ``m``, within ``registers`` vectors of accumulators, with the fewest loads
-    (mt broadcasts of A and nt / lanes vectors of B) per multiply-add; None when
-    n has no such tile (a row that is not whole vectors, wider than two)."""
+    dividing ``n`` (or a whole row of up to ``MAX_TILE_VECTORS`` vectors, the
+    last one partly used: a classifier's 10 outputs), ``mt`` dividing ``m``,
+    within ``registers`` vectors of accumulators, with the fewest loads (mt
+    broadcasts of A and nt / lanes vectors of B) per multiply-add; None when n
+    has no such tile (a wider row that is not whole vectors)."""
     if n % lanes:
-        return (_largest_divisor(m, min(MAX_TILE_ROWS, registers // 2)), n) if n < 2 * lanes else None
+        vectors = -(-n // lanes)
+        return (_largest_divisor(m, min(MAX_TILE_ROWS, registers // vectors)), n) if vectors <= MAX_TILE_VECTORS else None
     best: tuple[float, int, int] | None = None
     for vectors in range(1, min(MAX_TILE_VECTORS, n // lanes) + 1):
         if (n // lanes) % vectors:
@@ -106,7 +108,11 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     batch, rows, (col,), (red,) = shape
     loops = sch.get_loops(block)
     extents = [int(sch.get(loop).extent) for loop in loops]
-    m = math.prod(extents[i] for i in rows)
+    # Only the innermost of C's row loops is tiled; the others run outside, as
+    # the batch does (fused with it and split, the epilogue's loops at the tile
+    # could not be proven constant: 3 x 64 rows in tiles of 4).
+    batch, row = batch + rows[:-1], rows[-1]
+    m = extents[row]
     n = extents[col]
     lanes = vector_lanes(target)
     tile = tile_shape(m, n, lanes, accumulator_registers(target))
@@ -123,8 +129,7 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
         sch.compute_inline(consumer)
     epilogue = blocks[-1] if position < len(blocks) - 1 else None
 
-    row = sch.fuse(*(loops[i] for i in rows)) if len(rows) > 1 else loops[rows[0]]
-    mo, mi = sch.split(row, [None, mt])
+    mo, mi = sch.split(loops[row], [None, mt])
     no, ni = sch.split(loops[col], [None, nt])
     outer = [loops[i] for i in batch] + [mo, no]
     sch.reorder(*outer, loops[red], mi, ni)
@@ -138,7 +143,7 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     sch.vectorize(tile_loops[-1])
     if len(tile_loops) > 1:
         sch.unroll(sch.fuse(*tile_loops[:-1]) if len(tile_loops) > 2 else tile_loops[0])
-    if math.prod(extents) >= PARALLEL_MIN_WORK and math.prod(extents[i] for i in batch) * (m // mt) * (n // nt) > 1:
+    if math.prod(extents) >= PARALLEL_MIN_WORK and math.prod(extents[i] for i in batch) * (m // mt) * -(-n // nt) > 1:
         sch.parallel(sch.fuse(*outer))
     # Before decompose_reduction, which copies the loops' kinds to the init
     # block's, and after which the update block no longer counts as a reduction.
@@ -150,7 +155,7 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
 
 def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int], list[int]] | None:
     """The loops of a matrix product ``block``, by what they index: the batch
-    (A, B and C), C's rows (A and C only), its column (B and C, C's last
+    (A, B and C; or C only), C's rows (A and C only), its column (B and C, C's last
     dimension, B's last too: contiguous in both) and k (the reduction); None for
     any other block, or one whose loops are not one per block variable, in order."""
     stmt = sch.get(block)
@@ -187,8 +192,8 @@ def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int]
         if not _uses(output.region, v.var):
             return None
         (batch if _uses(b.region, v.var) or not _uses(a.region, v.var) else rows).append(i)
-    # Batch loops outside rows, rows adjacent (they are fused into one): the
-    # order TOPI writes them in.
-    if not rows or rows != list(range(rows[0], rows[-1] + 1)) or (batch and max(batch) > rows[0]) or rows[-1] > column:
+    # Batch loops outside C's rows, the rows outside its column: the order
+    # TOPI writes them in.
+    if not rows or (batch and max(batch) > rows[0]) or rows[-1] > column:
         return None
     return batch, rows, [column], reduce
