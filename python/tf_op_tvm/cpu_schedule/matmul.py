@@ -35,6 +35,10 @@ MAX_TILE_ROWS = 8
 #: Most vectors across one register tile.
 MAX_TILE_VECTORS = 4
 
+#: Fewest rows of C for which a B stored as (N, K) is worth copying as (K, N)
+#: first: the copy costs about what one row of C does.
+MIN_ROWS_TO_TRANSPOSE = 8
+
 
 def rules(target: Any) -> list[Any]:
     return [Matmul()]
@@ -105,18 +109,18 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     shape = _product_axes(sch, block)
     if shape is None:
         return None
-    batch, rows, (col,), (red,) = shape
+    batch, rows, col, red, transposed = shape
     loops = sch.get_loops(block)
     extents = [int(sch.get(loop).extent) for loop in loops]
     # Only the innermost of C's row loops is tiled; the others run outside, as
     # the batch does (fused with it and split, the epilogue's loops at the tile
     # could not be proven constant: 3 x 64 rows in tiles of 4).
-    batch, row = batch + rows[:-1], rows[-1]
+    shared, (batch, row) = batch, (batch + rows[:-1], rows[-1])
     m = extents[row]
     n = extents[col]
     lanes = vector_lanes(target)
     tile = tile_shape(m, n, lanes, accumulator_registers(target))
-    if tile is None:
+    if tile is None or (transposed is not None and m < MIN_ROWS_TO_TRANSPOSE):
         return None
     mt, nt = tile
 
@@ -128,6 +132,11 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     for consumer in blocks[position + 1:-1]:
         sch.compute_inline(consumer)
     epilogue = blocks[-1] if position < len(blocks) - 1 else None
+    if transposed is not None:
+        # B is (N, K) (Q K^T): a copy of it as (K, N), for each batch, makes
+        # its rows contiguous along C's, as a (K, N) B's are.
+        copy = sch.cache_read(block, transposed, "global")
+        sch.transform_layout(block, ("read", transposed), lambda *i: (*i[:-2], i[-1], i[-2]))
 
     mo, mi = sch.split(loops[row], [None, mt])
     no, ni = sch.split(loops[col], [None, nt])
@@ -138,13 +147,17 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     else:
         sch.set_scope(block, 0, "local")
     sch.reverse_compute_at(epilogue, no, preserve_unit_loops=True)
+    threaded = outer
+    if transposed is not None and shared:  # a B for each batch: copied inside the batch's loops
+        sch.compute_at(copy, loops[shared[-1]], preserve_unit_loops=True)
+        threaded = [loops[i] for i in shared]  # the copy is in the last one, which cannot be fused with the tiles' loops
     # The tile's loops in the epilogue: the last is C's row, vectorized.
     tile_loops = sch.get_loops(epilogue)[len(outer):]
     sch.vectorize(tile_loops[-1])
     if len(tile_loops) > 1:
         sch.unroll(sch.fuse(*tile_loops[:-1]) if len(tile_loops) > 2 else tile_loops[0])
     if math.prod(extents) >= PARALLEL_MIN_WORK and math.prod(extents[i] for i in batch) * (m // mt) * -(-n // nt) > 1:
-        sch.parallel(sch.fuse(*outer))
+        sch.parallel(sch.fuse(*threaded) if len(threaded) > 1 else threaded[0])
     # Before decompose_reduction, which copies the loops' kinds to the init
     # block's, and after which the update block no longer counts as a reduction.
     sch.unroll(mi)
@@ -153,11 +166,13 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     return sch
 
 
-def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int], list[int]] | None:
+def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], int, int, int | None] | None:
     """The loops of a matrix product ``block``, by what they index: the batch
-    (A, B and C; or C only), C's rows (A and C only), its column (B and C, C's last
-    dimension, B's last too: contiguous in both) and k (the reduction); None for
-    any other block, or one whose loops are not one per block variable, in order."""
+    (A, B and C; or C only), C's rows (A and C only), its column (B and C, C's
+    last dimension) and k (the reduction); and which of the block's reads is B
+    when B is (N, K), None when it is (K, N) (C's column is B's last dimension
+    too). None for any other block, or one whose loops are not one per block
+    variable, in order."""
     stmt = sch.get(block)
     loops = sch.get_loops(block)
     if len(loops) != len(stmt.iter_vars) or len(stmt.writes) != 1:
@@ -180,9 +195,15 @@ def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int]
         return None
     var = stmt.iter_vars[column].var
     users = [r for r in inputs if _uses(r.region, var)]
-    if len(users) != 1 or not users[0].region[-1].min.same_as(var) or not _uses(users[0].region, k):
+    if len(users) != 1 or not _uses(users[0].region, k) or len(users[0].region) < 2:
         return None
     b, a = users[0], next(r for r in inputs if r is not users[0])
+    if b.region[-1].min.same_as(var):
+        transposed = None
+    elif b.region[-2].min.same_as(var) and b.region[-1].min.same_as(k):
+        transposed = next(i for i, r in enumerate(stmt.reads) if r.same_as(b))
+    else:
+        return None
     if not _uses(a.region, k):
         return None
     batch, rows = [], []
@@ -196,4 +217,4 @@ def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], list[int]
     # TOPI writes them in.
     if not rows or (batch and max(batch) > rows[0]) or rows[-1] > column:
         return None
-    return batch, rows, [column], reduce
+    return batch, rows, column, reduce[0], transposed
