@@ -44,9 +44,10 @@ class Elementwise(dlight.ScheduleRule):
 
 def schedule_elementwise(sch: Any, target: Any) -> Any:
     """``sch`` with all its blocks inlined into its last, whose loops are fused
-    into one, run ``VECTORS`` vectors at a time; None when a block is not
-    injective (a reduction), when the blocks cannot all be inlined, or when
-    there is only one block of fewer than two vectors (nothing to gain)."""
+    into one, run ``VECTORS`` vectors at a time (or left to LLVM's vectorizer,
+    which runs a scalar tail, when no whole number of vectors divides it); None
+    when a block is not injective (a reduction), when the blocks cannot all be
+    inlined, or when there is only one block and nothing to gain."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     if not blocks or any(int(v.iter_type) != tirx.IterVar.DataPar
                          for block in blocks for v in sch.get(block).iter_vars):
@@ -62,11 +63,14 @@ def schedule_elementwise(sch: Any, target: Any) -> Any:
     lanes = vector_lanes(target)
     # The widest run of whole vectors that divides the loop nest: no tail to predicate.
     width = next((w for w in (VECTORS * lanes, lanes) if total % w == 0), None)
-    if width is None or (len(blocks) == 1 and total < 2 * lanes):
+    if len(blocks) == 1 and (width is None or total < 2 * lanes):
         return None
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    outer, inner = sch.split(fused, [None, width])
-    sch.vectorize(inner)
+    if width is None:
+        outer = fused
+    else:
+        outer, inner = sch.split(fused, [None, width])
+        sch.vectorize(inner)
     if total >= PARALLEL_MIN_WORK:
         sch.parallel(outer)
     return sch

@@ -182,6 +182,8 @@ def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], int, int,
             or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
         return None
     output = stmt.writes[0]
+    if not output.region:  # a scalar: a dot product, not a matrix product
+        return None
     inputs = [r for r in stmt.reads if not r.source.same_as(output.source)]
     if len(inputs) != 2 or any(not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops):
         return None

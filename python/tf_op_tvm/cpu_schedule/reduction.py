@@ -78,7 +78,7 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     rows = min(_leading_spatial(sch, b) for b in reductions)
     last = blocks[-1]
     loops = sch.get_loops(last)
-    if len(loops) < rows:
+    if rows == 0 or len(loops) < rows:  # a reduction of everything to one value has no rows
         return None
     # The rows must be the same in every block: the reductions' leading extents
     # are the last block's.
