@@ -1,5 +1,6 @@
-"""Schedules for matrix products (dense, matmul, batch_matmul) and the
-reductions and elementwise work around them in a transformer block.
+"""Schedules for matrix products: dense layers, matmul and batch_matmul (the
+softmax, layer norms and elementwise work around them in a transformer block
+are ``reduction``'s and ``elementwise``'s).
 
 A matrix product here is any loop nest with one reduction block
 ``C[b.., m.., n] += A[b.., m.., k] * B[b.., k, n]`` (TFLite's FULLY_CONNECTED
