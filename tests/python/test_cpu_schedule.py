@@ -114,14 +114,16 @@ def test_rules_take_the_transformer_blocks_loop_nests(target: dict[str, str], tm
     """Every matrix product of the block (projections, Q K^T, attention times
     V, the feed-forward layers) is register-tiled, softmax and the layer
     norms' means are row reductions, and the elementwise work between them
-    (GELU, transposes, residual adds) is one vectorized loop: no loop nest is
-    left to the fallback."""
+    (GELU, transposes, residual adds) is one vectorized loop. The one loop
+    nest left to the fallback is a plain reshape, which Relax runs as a view
+    of its input (RewriteDataflowReshape), with no kernel at all, when it is
+    left unscheduled."""
     taken = _rules_taken(_transformer(), (8, 64, 128), target, tmp_path)
     matmuls = [name for name in taken if name.startswith("matmul")]
     assert len(matmuls) == 5 and {taken[name] for name in matmuls} == {"Matmul"}, taken
     assert taken["softmax"] == "RowReduction" and taken["mean"] == "RowReduction", taken
     assert [taken[name] for name in taken if "erf" in name] == ["Elementwise"], taken
-    assert None not in taken.values(), taken
+    assert [name for name, rule in taken.items() if rule is None] == ["reshape5"], taken
 
 
 def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:

@@ -34,7 +34,13 @@ class Elementwise(dlight.ScheduleRule):
     """Fused injective functions as one vectorized loop nest."""
 
     def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        from tvm.relax.analysis import has_reshape_pattern
+
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        if has_reshape_pattern(func):
+            # Relax's RewriteDataflowReshape makes a reshape a view of its input,
+            # no kernel at all, when it recognises its loop nest, unscheduled.
             return None
         try:
             return schedule_elementwise(s_tir.Schedule(func), target)
