@@ -14,7 +14,10 @@ intermediates are a few rows and stay in L1; the elementwise blocks run along
 the row in vectors; the reductions run over the row once for all ``ROWS``
 rows, whose ``ROWS`` sums are independent chains that the CPU runs side by
 side. Each sum still adds its row in order, so the results are those of the
-untuned loop nest (the reduction is not vectorized: that would reassociate it).
+untuned loop nest (a sum is not vectorized: that would reassociate it). A max
+(softmax's first step) is the same in any order: it runs along the row in
+vectors, then across the last vector's lanes (softmax at batch 8 on AVX-512:
+0.12 -> 0.10 ms).
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     for block in reductions:
         if [int(sch.get(loop).extent) for loop in sch.get_loops(block)[:rows]] != row_extents:
             return None
+    lanes = vector_lanes(target)
+    in_vectors = _max_in_vectors(sch, reductions, lanes)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
     # The rows taken side by side: a part of the innermost row axis that is
     # not 1 (a mean keeps a last axis of 1). That axis alone is split, so that
     # each block's indices stay affine in the loops, as decompose_reduction needs.
@@ -94,10 +100,14 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     outer, _ = sch.split(loops[axis], [None, side_by_side])
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, outer, preserve_unit_loops=True)
-    lanes = vector_lanes(target)
     for block in blocks:
         inner = sch.get_loops(block)[axis + 1:]
-        if _is_reduction(sch, block):
+        if sch.get(block).name_hint in in_vectors:
+            *_, across, along = inner  # the vector's lanes, then the steps along the row
+            sch.reorder(along, across)
+            sch.vectorize(across)
+            sch.decompose_reduction(block, along)
+        elif _is_reduction(sch, block):
             _reduce_side_by_side(sch, block, inner)
         else:
             _vectorize_row(sch, inner, lanes)
@@ -106,6 +116,32 @@ def schedule_rows(sch: Any, target: Any) -> Any:
         outer_loops = sch.get_loops(last)[:axis + 1]
         sch.parallel(sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0])
     return sch
+
+
+def _max_in_vectors(sch: Any, reductions: list[Any], lanes: int) -> set[str]:
+    """Splits each max (or min) over a row of whole vectors into a max of
+    vectors along the row (rfactor: a block whose lanes are data parallel,
+    which runs in vectors) and a max across the last vector's lanes. A max is
+    the same in any order, unlike a sum; the names of the vector blocks."""
+    in_vectors = set()
+    for block in reductions:
+        stmt = sch.get(block)
+        store = stmt.body
+        row = sch.get_loops(block)[-1]
+        extent = int(sch.get(row).extent)
+        if (not isinstance(store, tirx.BufferStore) or not isinstance(store.value, (tirx.Max, tirx.Min))
+                or extent % lanes or extent <= lanes):
+            continue
+        _, across = sch.split(row, [None, lanes])
+        vectors = sch.rfactor(across, len(stmt.iter_vars) - 1)
+        # rfactor puts the lanes first among the block's variables: rows first
+        # again, then the lanes, then the steps along the row (the reduction).
+        count = len(sch.get(vectors).iter_vars)
+        sch.reorder_block_iter_var(vectors, [*range(1, count - 1), 0, count - 1])
+        count = len(sch.get(block).iter_vars)
+        sch.reorder_block_iter_var(block, [*range(1, count), 0])
+        in_vectors.add(sch.get(vectors).name_hint)
+    return in_vectors
 
 
 def _reduce_side_by_side(sch: Any, block: Any, loops: list[Any]) -> None:
