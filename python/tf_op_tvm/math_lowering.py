@@ -62,7 +62,8 @@ def register() -> None:
         return
     tirx.register_intrin_lowering("tirx.exp", target="llvm", f=_float32_only(vector_exp), level=_LEVEL)
     tirx.register_intrin_lowering("tirx.log", target="llvm", f=_float32_only(vector_log), level=_LEVEL)
-    tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_float32_only(vector_erf, llvm_intrinsic=False), level=_LEVEL)
+    tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_float32_only(vector_erf, llvm_intrinsic=False),
+                                  level=_LEVEL)
     _registered = True
 
 
