@@ -1,4 +1,4 @@
-"""exp and log for TVM's CPU (llvm) code that LLVM can vectorize.
+"""exp, log and erf for TVM's CPU (llvm) code that LLVM can vectorize.
 
 TVM lowers ``exp`` and ``log`` on CPUs to calls of libm's ``expf`` and ``logf``,
 one element at a time: LLVM cannot vectorize a loop that calls them, and in a
@@ -6,7 +6,9 @@ small fused kernel they are most of the time (``tf_op.compile`` of a ``tf.functi
 of math ops at batch 32: 23 of 30 µs). TensorFlow's kernels use Eigen's polynomial
 ``pexp``/``plog`` on whole vectors instead. ``register()`` makes TVM lower both
 to the same Cephes polynomials Eigen uses, written as plain arithmetic on the
-float's bits, which LLVM vectorizes like any elementwise code.
+float's bits, which LLVM vectorizes like any elementwise code. ``erf`` (exact
+GELU's) would be libm's ``erff`` too; it becomes the rational function Eigen
+and XLA use for float32 erf.
 
 Accuracy: within 1 ulp of the exact value for normal inputs and results, as
 libm's (tests/python/test_compiler.py measures it against numpy in float64, on a
@@ -14,7 +16,8 @@ million inputs). Special values are kept: NaN gives
 NaN, ``exp`` of a large x gives inf, ``log(0)`` is -inf, ``log`` of a negative
 number is NaN, ``log(inf)`` is inf. Results below the smallest normal float
 (``exp(x)`` for x < -87.34) are subnormal, as in libm, and 0 below -103.97;
-``log`` of a subnormal input is computed after scaling it up.
+``log`` of a subnormal input is computed after scaling it up. ``erf``: within
+8 ulps of the exact value (5e-7 absolute), ±1 for |x| >= 4 and at ±inf, NaN kept.
 
 Only the TVM worker (``compile_model.py``) registers it: registering changes
 how that process lowers every llvm function it compiles.
@@ -35,6 +38,11 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
              -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 _SQRT_HALF = 0.707106781186547524
+#: erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (float32 erf is ±1 outside), highest power first.
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+          -1.42647390514189e-02)
 _MIN_NORMAL = 1.17549435e-38
 
 _DL_FLOAT = 2  # DLPack's type code of IEEE floats (bfloat16 has its own)
@@ -43,7 +51,7 @@ _registered = False
 
 
 def register() -> None:
-    """Lowers float32 ``exp`` and ``log`` (scalar, or vectors, as MetaSchedule's
+    """Lowers float32 ``exp``, ``log`` and ``erf`` (scalar, or vectors, as MetaSchedule's
     vectorized kernels call them) for llvm targets to the polynomials below;
     other dtypes keep libm's. Once per process: TVM refuses a second rule at the
     same level."""
@@ -54,18 +62,26 @@ def register() -> None:
         return
     tirx.register_intrin_lowering("tirx.exp", target="llvm", f=_float32_only(vector_exp), level=_LEVEL)
     tirx.register_intrin_lowering("tirx.log", target="llvm", f=_float32_only(vector_log), level=_LEVEL)
+    tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_float32_only(vector_erf, llvm_intrinsic=False),
+                                  level=_LEVEL)
     _registered = True
 
 
-def _float32_only(rule: Any) -> Any:
+def _float32_only(rule: Any, llvm_intrinsic: bool = True) -> Any:
+    """``rule`` for float32; other dtypes as TVM lowers them by default: LLVM's
+    intrinsic (exp, log), or a call of libm's function of that name (erf,
+    which LLVM has no intrinsic for)."""
     from tvm import tirx
     from tvm.runtime import DataType
 
     def lower(call: Any) -> Any:
         (x,) = call.args
         dtype = DataType(str(call.ty))
-        if dtype.type_code != _DL_FLOAT or dtype.bits != 32:  # libm's, as TVM lowers it by default
-            return tirx.call_llvm_pure_intrin(str(call.ty), f"llvm.{call.op.name.split('.')[-1]}", x)
+        if dtype.type_code != _DL_FLOAT or dtype.bits != 32:
+            name = call.op.name.split(".")[-1]
+            if llvm_intrinsic:
+                return tirx.call_llvm_pure_intrin(str(call.ty), f"llvm.{name}", x)
+            return tirx.call_pure_extern(str(call.ty), name, x)
         return rule(x, dtype.lanes)
 
     return lower
@@ -150,3 +166,15 @@ def vector_log(x: Any, lanes: int = 1) -> Any:
     result = tirx.Select(x == v.f(0.0), v.f(float("-inf")), result)
     result = tirx.Select(x == v.f(float("inf")), x, result)
     return tirx.Select(tirx.isnan(x) | (x < v.f(0.0)), v.f(float("nan")), result)
+
+
+def vector_erf(x: Any, lanes: int = 1) -> Any:
+    """Eigen's float32 ``erf``: x P(x^2) / Q(x^2) with x clamped to [-4, 4],
+    where erf is already ±1 in float32."""
+    from tvm import tirx
+
+    v = _Lanes(lanes)
+    clamped = tirx.max(tirx.min(x, v.f(4.0)), v.f(-4.0))
+    square = clamped * clamped
+    result = clamped * _poly(square, _ERF_P, v) / _poly(square, _ERF_Q, v)
+    return tirx.Select(tirx.isnan(x), x, result)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import conv, matmul
+from . import conv, elementwise, matmul, reduction
 
 
 def rules(target: Any) -> list[Any]:
     """The rules for an llvm ``target``, most specific first."""
-    return [*conv.rules(target), *matmul.rules(target)]
+    return [*conv.rules(target), *matmul.rules(target), *reduction.rules(target),
+            *elementwise.rules(target)]

@@ -1,0 +1,168 @@
+"""Schedules for row reductions: softmax, and the means and variances of layer
+normalization, with the elementwise work fused around them.
+
+These functions reduce each row of their input (the last axis) to one value,
+and work elementwise on the rows between reductions (softmax: max, exp, sum,
+divide). Unscheduled, each block is a loop nest over the whole input, writing
+intermediates as big as the input that the next block reads back; and each
+row's sum is one chain of dependent additions, one add's latency per element.
+
+The rule (like TVM's ``dlight.cpu.Reduction``, which runs softmax slower than
+the fallback here: 0.40 against 0.14 ms at batch 8) takes ``ROWS`` rows at a
+time and computes every block for them before the next rows, so that the
+intermediates are a few rows and stay in L1; the elementwise blocks run along
+the row in vectors; the reductions run over the row once for all ``ROWS``
+rows, whose ``ROWS`` sums are independent chains that the CPU runs side by
+side. Each sum still adds its row in order, so the results are those of the
+untuned loop nest (a sum is not vectorized: that would reassociate it). A max
+(softmax's first step) is the same in any order: it runs along the row in
+vectors, then across the last vector's lanes (softmax at batch 8 on AVX-512:
+0.12 -> 0.10 ms).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+
+from .lanes import vector_lanes
+from .matmul import PARALLEL_MIN_WORK
+
+#: Rows reduced side by side: enough independent additions to cover an add's
+#: latency (4 cycles) on two ports.
+ROWS = 8
+
+
+def rules(target: Any) -> list[Any]:
+    return [RowReduction()]
+
+
+class RowReduction(dlight.ScheduleRule):
+    """Functions whose reductions all run over the innermost axis of rows that
+    every block shares."""
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        try:
+            return schedule_rows(s_tir.Schedule(func), target)
+        except s_tir.ScheduleError:  # a primitive refused: the function keeps the fallback schedule
+            return None
+
+
+def _is_reduction(sch: Any, block: Any) -> bool:
+    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars)
+
+
+def _leading_spatial(sch: Any, block: Any) -> int:
+    kinds = [int(v.iter_type) for v in sch.get(block).iter_vars]
+    return next((i for i, kind in enumerate(kinds) if kind != tirx.IterVar.DataPar), len(kinds))
+
+
+def schedule_rows(sch: Any, target: Any) -> Any:
+    """``sch`` scheduled ``ROWS`` rows at a time, or None when it is not a row
+    reduction: no reduction, one that is not over the last axis alone, a last
+    block that reduces, blocks whose loops are not one per block variable, or
+    blocks that do not share their leading (row) axes."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reductions = [b for b in blocks if _is_reduction(sch, b)]
+    if not reductions or _is_reduction(sch, blocks[-1]):
+        return None
+    for block in blocks:
+        stmt, loops = sch.get(block), sch.get_loops(block)
+        if len(loops) != len(stmt.iter_vars) or any(not isinstance(sch.get(l).extent, tirx.IntImm) for l in loops):
+            return None
+    for block in reductions:
+        if _leading_spatial(sch, block) != len(sch.get(block).iter_vars) - 1:
+            return None  # a reduction over more than the last axis, or not last
+    rows = min(_leading_spatial(sch, b) for b in reductions)
+    last = blocks[-1]
+    loops = sch.get_loops(last)
+    if rows == 0 or len(loops) < rows:  # a reduction of everything to one value has no rows
+        return None
+    # The rows must be the same in every block: the reductions' leading extents
+    # are the last block's.
+    row_extents = [int(sch.get(loop).extent) for loop in loops[:rows]]
+    for block in reductions:
+        if [int(sch.get(loop).extent) for loop in sch.get_loops(block)[:rows]] != row_extents:
+            return None
+    lanes = vector_lanes(target)
+    in_vectors = _max_in_vectors(sch, reductions, lanes)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    # The rows taken side by side: a part of the innermost row axis that is
+    # not 1 (a mean keeps a last axis of 1). That axis alone is split, so that
+    # each block's indices stay affine in the loops, as decompose_reduction needs.
+    axis = max((i for i, n in enumerate(row_extents) if n > 1), default=rows - 1)
+    side_by_side = max(d for d in range(1, ROWS + 1) if row_extents[axis] % d == 0)
+    outer, _ = sch.split(loops[axis], [None, side_by_side])
+    for block in reversed(blocks[:-1]):
+        sch.compute_at(block, outer, preserve_unit_loops=True)
+    for block in blocks:
+        inner = sch.get_loops(block)[axis + 1:]
+        if sch.get(block).name_hint in in_vectors:
+            *_, across, along = inner  # the vector's lanes, then the steps along the row
+            sch.reorder(along, across)
+            sch.vectorize(across)
+            sch.decompose_reduction(block, along)
+        elif _is_reduction(sch, block):
+            _reduce_side_by_side(sch, block, inner)
+        else:
+            _vectorize_row(sch, inner, lanes)
+    work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(last))
+    if work >= PARALLEL_MIN_WORK:
+        outer_loops = sch.get_loops(last)[:axis + 1]
+        sch.parallel(sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0])
+    return sch
+
+
+def _max_in_vectors(sch: Any, reductions: list[Any], lanes: int) -> set[str]:
+    """Splits each max (or min) over a row of whole vectors into a max of
+    vectors along the row (rfactor: a block whose lanes are data parallel,
+    which runs in vectors) and a max across the last vector's lanes. A max is
+    the same in any order, unlike a sum; the names of the vector blocks."""
+    in_vectors = set()
+    for block in reductions:
+        stmt = sch.get(block)
+        store = stmt.body
+        row = sch.get_loops(block)[-1]
+        extent = int(sch.get(row).extent)
+        if (not isinstance(store, tirx.BufferStore) or not isinstance(store.value, (tirx.Max, tirx.Min))
+                or extent % lanes or extent <= lanes):
+            continue
+        _, across = sch.split(row, [None, lanes])
+        vectors = sch.rfactor(across, len(stmt.iter_vars) - 1)
+        # rfactor puts the lanes first among the block's variables: rows first
+        # again, then the lanes, then the steps along the row (the reduction).
+        count = len(sch.get(vectors).iter_vars)
+        sch.reorder_block_iter_var(vectors, [*range(1, count - 1), 0, count - 1])
+        count = len(sch.get(block).iter_vars)
+        sch.reorder_block_iter_var(block, [*range(1, count), 0])
+        in_vectors.add(sch.get(vectors).name_hint)
+    return in_vectors
+
+
+def _reduce_side_by_side(sch: Any, block: Any, loops: list[Any]) -> None:
+    """The reduction loop (last) outside the rows' loops, which are unrolled:
+    each step of it adds one element to every row's sum."""
+    *row_loops, k = loops
+    if row_loops:
+        sch.reorder(k, *row_loops)
+        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+        sch.unroll(row)
+    sch.decompose_reduction(block, k)
+
+
+def _vectorize_row(sch: Any, loops: list[Any], lanes: int) -> None:
+    """The innermost loop in vectors, when it runs along a row (one of at
+    least ``lanes`` elements, whole vectors or under two)."""
+    if not loops:
+        return
+    inner = loops[-1]
+    extent = int(sch.get(inner).extent)
+    if extent % lanes == 0:
+        sch.vectorize(sch.split(inner, [None, lanes])[1] if extent > 2 * lanes else inner)
+    elif lanes // 2 <= extent < 2 * lanes:
+        sch.vectorize(inner)

@@ -1,0 +1,231 @@
+"""The worker's default CPU schedules for matrix products and the transformer
+block around them (python/tf_op_tvm/cpu_schedule: matmul, reduction,
+elementwise) and its float32 erf: which loop nests the rules take, and that
+the libraries still compute what Keras does, on each x86-64 level."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TVM_PYTHON
+from test_compiler import _HOST_FLAGS, TVM_PACKAGE
+
+from tf_op import compile
+from tf_op.compiler.tflite_conversion import to_tflite
+
+#: The goal for untuned CPU code: within 1e-4 of Keras, relative to the output's largest value.
+RELATIVE = 1e-4
+
+TARGETS = [
+    pytest.param({"kind": "llvm", "mcpu": "x86-64"}, id="x86-64"),
+    pytest.param({"kind": "llvm", "mcpu": "x86-64-v3"}, id="x86-64-v3",
+                 marks=pytest.mark.skipif(not {"avx2", "fma"} <= _HOST_FLAGS, reason="runs an AVX2 library")),
+    pytest.param({"kind": "llvm", "mcpu": "x86-64-v4"}, id="x86-64-v4",
+                 marks=pytest.mark.skipif("avx512f" not in _HOST_FLAGS, reason="runs an AVX-512 library")),
+]
+
+
+def _transformer() -> keras.Model:
+    """An encoder block: 4-head self-attention, layer norms, and a feed-forward
+    layer with exact (erf) GELU, residuals around both."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((64, 128))
+    attention = keras.layers.MultiHeadAttention(4, 32)(x, x)
+    h = keras.layers.LayerNormalization()(x + attention)
+    f = keras.layers.Dense(512, activation=lambda t: tf.nn.gelu(t, approximate=False))(h)
+    return keras.Model(x, keras.layers.LayerNormalization()(h + keras.layers.Dense(128)(f)))
+
+
+def _lstm() -> keras.Model:
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((32, 16)), keras.layers.LSTM(64), keras.layers.Dense(10)])
+
+
+def _mlp() -> keras.Model:
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([keras.Input((100,)), keras.layers.Dense(48, activation="relu"),
+                             keras.layers.Dense(40, activation="tanh"), keras.layers.Dense(10)])
+
+
+def _inputs(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def _assert_close(got: np.ndarray, want: np.ndarray) -> None:
+    error = np.abs(got - want).max() / np.abs(want).max()
+    assert error <= RELATIVE, error
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("make_model, shape", [(_transformer, (64, 128)), (_lstm, (32, 16)), (_mlp, (100,))],
+                         ids=["transformer", "lstm", "mlp"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_scheduled_models_match_keras(make_model, shape: tuple[int, ...], batch: int,
+                                      target: dict[str, str], tmp_path: Path) -> None:
+    """Batch 3: no dimension a multiple of the tiles' rows (8 x 64 rows are)."""
+    model, x = make_model(), _inputs(batch, *shape)
+    y = compile(model, target=target, cache_dir=tmp_path, batch_sizes=[batch])(x)
+    _assert_close(y.numpy(), model(x).numpy())
+
+
+#: Run on the TVM Python: the rule (class name) that takes each of a TFLite
+#: model's loop nests (PrimFuncs, after fusion), or null where none does.
+_RULES_TAKEN = """
+import json, sys
+from pathlib import Path
+import tflite, tvm
+from tvm import tirx
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+from tvm.relax.frontend.tflite import from_tflite
+sys.path.insert(0, sys.argv[1])
+import cpu_schedule
+target = tvm.target.Target(json.loads(sys.argv[3]))
+mod = from_tflite(tflite.Model.GetRootAsModel(Path(sys.argv[2]).read_bytes(), 0))
+with target:
+    mod = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)])(mod)
+taken = {}
+for gvar, func in mod.functions.items():
+    if isinstance(func, tirx.PrimFunc):
+        rule = next((r for r in cpu_schedule.rules(target) if r.apply(func, target, False) is not None), None)
+        taken[gvar.name_hint] = type(rule).__name__ if rule else None
+print(json.dumps(taken))
+"""
+
+
+def _rules_taken(model: keras.Model, shape: tuple[int, ...], target: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    concrete = tf.function(lambda t: model(t)).get_concrete_function(tf.TensorSpec(shape, tf.float32))
+    path = tmp_path / "model.tflite"
+    path.write_bytes(to_tflite(concrete, "model"))
+    result = subprocess.run([TVM_PYTHON, "-c", _RULES_TAKEN, str(TVM_PACKAGE), str(path), json.dumps(target)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("target", [{"kind": "llvm", "mcpu": m} for m in ("x86-64", "x86-64-v3", "x86-64-v4")],
+                         ids=["x86-64", "x86-64-v3", "x86-64-v4"])
+def test_rules_take_the_transformer_blocks_loop_nests(target: dict[str, str], tmp_path: Path) -> None:
+    """Every matrix product of the block (projections, Q K^T, attention times
+    V, the feed-forward layers) is register-tiled, softmax and the layer
+    norms' means are row reductions, and the elementwise work between them
+    (GELU, transposes, residual adds) is one vectorized loop. The one loop
+    nest left to the fallback is a plain reshape, which Relax runs as a view
+    of its input (RewriteDataflowReshape), with no kernel at all, when it is
+    left unscheduled."""
+    taken = _rules_taken(_transformer(), (8, 64, 128), target, tmp_path)
+    matmuls = [name for name in taken if name.startswith("matmul")]
+    assert len(matmuls) == 5 and {taken[name] for name in matmuls} == {"Matmul"}, taken
+    assert taken["softmax"] == "RowReduction" and taken["mean"] == "RowReduction", taken
+    assert [taken[name] for name in taken if "erf" in name] == ["Elementwise"], taken
+    assert [name for name, rule in taken.items() if rule is None] == ["reshape5"], taken
+
+
+def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:
+    """The LSTM's step (its input and recurrent products, the first with the
+    bias adds fused) and the classifier are register-tiled."""
+    taken = _rules_taken(_lstm(), (8, 32, 16), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    assert sorted(name for name, rule in taken.items() if rule == "Matmul") == [
+        "fused_matmul1_add_add1", "matmul", "matmul2"], taken
+
+
+#: Run on the TVM Python: the Matmul rule on batched products whose B is (K, N)
+#: and (N, K) (Q K^T, were the transpose fused into the product), and with B
+#: shared by the batch: its largest error against numpy; and the tiles it picks
+#: for each x86-64 level.
+_MATMUL_SHAPES = """
+import json, sys
+import numpy as np, tvm
+from tvm import te
+sys.path.insert(0, sys.argv[1])
+from cpu_schedule import matmul
+rng, target, out = np.random.default_rng(0), tvm.target.Target("llvm"), {}
+x, k = te.placeholder((4, 64, 32), name="x"), te.reduce_axis((0, 32), name="k")
+products = {"kn": ((4, 32, 64), "bik,bkj->bij", lambda w, b, i, j: w[b, k, j]),
+            "nk": ((4, 64, 32), "bik,bjk->bij", lambda w, b, i, j: w[b, j, k]),
+            "nk shared": ((64, 32), "bik,jk->bij", lambda w, b, i, j: w[j, k])}
+for name, (shape, subscripts, read) in products.items():
+    w = te.placeholder(shape, name="w")
+    y = te.compute((4, 64, 64), lambda b, i, j: te.sum(x[b, i, k] * read(w, b, i, j), axis=k), name="y")
+    sch = matmul.Matmul().apply(te.create_prim_func([x, w, y]), target, False)
+    args = [rng.standard_normal(s).astype("float32") for s in ((4, 64, 32), shape)]
+    result = tvm.runtime.tensor(np.zeros((4, 64, 64), "float32"))
+    tvm.compile(sch.mod, target=target)(*map(tvm.runtime.tensor, args), result)
+    out[name] = float(np.abs(result.numpy() - np.einsum(subscripts, *args)).max())
+for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    shape = (matmul.vector_lanes(target), matmul.accumulator_registers(target), matmul.broadcast_cost(target))
+    out[mcpu] = {f"{m}x{n}": matmul.tile_shape(m, n, *shape) for m, n in ((512, 128), (1, 512), (8, 10), (6, 100))}
+print(json.dumps(out))
+"""
+
+
+def test_matmul_tiles_fit_each_levels_registers() -> None:
+    result = subprocess.run([TVM_PYTHON, "-c", _MATMUL_SHAPES, str(TVM_PACKAGE)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["kn"] < 1e-4 and out["nk"] < 1e-4 and out["nk shared"] < 1e-4, out
+    # (rows, columns): AVX-512 tiles of up to 24 zmm accumulators, SSE and AVX2 12,
+    # SSE's wider and shorter (a broadcast is two instructions there); a single
+    # row as wide as the registers allow; a row of 10 is one tile wide; 100
+    # columns are whole vectors of 4 (25: one at a time), not of 8 or 16.
+    assert out["x86-64"] == {"512x128": [2, 16], "1x512": [1, 32], "8x10": [4, 10], "6x100": [6, 4]}, out
+    assert out["x86-64-v3"] == {"512x128": [4, 16], "1x512": [1, 64], "8x10": [4, 10], "6x100": None}, out
+    assert out["x86-64-v4"] == {"512x128": [4, 64], "1x512": [1, 256], "8x10": [8, 10], "6x100": None}, out
+
+
+#: Run on the TVM Python: float32 erf through the worker's lowering, scalar and
+#: in vectors, against math.erf in float64 (in ulps of the float32 result);
+#: float64 keeps libm's erf.
+_ERF = """
+import json, math, sys
+import numpy as np, tvm
+from tvm import s_tir, te, tirx
+sys.path.insert(0, sys.argv[1])
+import math_lowering
+math_lowering.register()
+rng = np.random.default_rng(0)
+specials = [0.0, -0.0, np.inf, -np.inf, np.nan]
+xs = np.concatenate([specials, [4.0, -4.0, 3.99, 1e-30], rng.uniform(-6, 6, 1 << 16),
+                     rng.uniform(-1e-3, 1e-3, 1 << 12)])
+out = {}
+for dtype, lanes in (("float32", 1), ("float32", 8), ("float64", 1)):
+    values = np.concatenate([xs, np.zeros(-len(xs) % lanes)]).astype(dtype)
+    x = te.placeholder(values.shape, dtype, name="x")
+    sch = s_tir.Schedule(te.create_prim_func([x, te.compute(values.shape, lambda i: tirx.erf(x[i]), name="y")]))
+    if lanes > 1:
+        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])[1])
+    f = tvm.compile(sch.mod, target=json.loads(sys.argv[2]))
+    y = tvm.runtime.tensor(np.zeros_like(values))
+    f(tvm.runtime.tensor(values), y)
+    got = y.numpy().astype(np.float64)
+    want = np.array([math.erf(v) if not math.isnan(v) else v for v in values.astype(np.float64)])
+    finite = np.isfinite(values) & (want != 0)
+    ulps = np.abs(got - want)[finite] / np.spacing(np.abs(want[finite]).astype(dtype)).astype(np.float64)
+    out[f"{dtype}x{lanes}"] = {"ulp": float(ulps.max()), "absolute": float(np.abs(got - want)[finite].max()),
+                               "special": [repr(float(v)) for v in got[:len(specials)]],
+                               "libm": "@erf" in f.mod.inspect_source("ll")}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS[:2])
+def test_erf_lowers_to_a_rational_function_within_8_ulps(target: dict[str, str]) -> None:
+    """Exact GELU's erf: no libm call left for float32 (scalar or vector), within
+    8 ulps and 5e-7 of the exact value, with or without FMA; ±0, ±1 at ±inf,
+    NaN kept; float64 keeps libm's erf."""
+    result = subprocess.run([TVM_PYTHON, "-c", _ERF, str(TVM_PACKAGE), json.dumps(target)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    for case in ("float32x1", "float32x8"):
+        assert out[case]["ulp"] <= 8 and out[case]["absolute"] < 5e-7 and not out[case]["libm"], out
+        assert out[case]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan"], out
+    assert out["float64x1"]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan"], out
+    assert out["float64x1"]["libm"] and out["float64x1"]["ulp"] <= 4, out
