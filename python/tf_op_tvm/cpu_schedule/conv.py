@@ -1,9 +1,189 @@
-"""Schedules for convolutions (NHWC conv2d, 1x1 and larger, and depthwise)."""
+"""Schedules for convolutions (NHWC conv2d, 1x1 and larger, and depthwise).
+
+TOPI writes an NHWC convolution as one reduction block over (n, h, w, c, ry,
+rx, rc), after a ``pad_temp`` block and before the elementwise blocks FuseOps
+put behind it (bias, activation, residual add). Untuned, each output element
+is summed alone, reading and writing memory on every step. The schedule here
+is the register tiling of TOPI's old x86 kernels (``conv2d_avx_common``,
+``conv2d_avx_1x1``): a tile of ``w_tile`` output columns by ``c_tile`` output
+channels lives in vector registers while the reduction (ry, rx, rc) runs over
+it; each step loads ``c_tile`` weights once for all ``w_tile`` columns and one
+input value (broadcast; in a depthwise convolution one input vector) per column.
+The epilogue runs on the tile before it leaves the registers. The output
+channel is the vectorised axis: it is contiguous in the NHWC output, in the
+HWIO weights (HWOI with one input channel in a depthwise one) and, in a
+depthwise convolution, in the input. Every output element's sum runs in the
+same order as in TOPI's nest, so the results are the same to the bit.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+#: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
+_REGISTERS = {16: 32, 8: 16, 4: 16}
 
 
 def rules(target: Any) -> list[Any]:
-    return []
+    """The convolution rules for an llvm ``target``."""
+    from .lanes import vector_lanes
+
+    return [_conv_rule()(vector_lanes(target))]
+
+
+def _conv_rule() -> type:
+    """The rule's class, made on first use: TVM is imported only in the
+    compiling process (compile_model.py), never at this package's import."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+    class ConvNHWC(CPUScheduleRule):
+        """Register-tiled NHWC conv2d and depthwise conv2d, epilogue fused."""
+
+        def __init__(self, lanes: int) -> None:
+            self.lanes = lanes
+            self.registers = _REGISTERS.get(lanes, 16)
+
+        def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+                return None
+            try:
+                return self._schedule(s_tir.Schedule(func))
+            except s_tir.ScheduleError:  # a nest this rule misread: the fallback schedules it
+                return None
+
+        def _schedule(self, sch: Any) -> Any:
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
+            reductions = [i for i, b in enumerate(blocks) if _has_reduction(sch.get(b))]
+            if len(reductions) != 1:
+                return None
+            at = reductions[0]
+            conv, producers, epilogue = blocks[at], blocks[:at], blocks[at + 1:]
+            shape = _conv_shape(sch, conv)
+            if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in producers):
+                return None
+            width, channels, depthwise, weights_first = shape
+            w_tile, vectors, lanes = self._tile(width, channels, depthwise)
+
+            # The epilogue, one block reading the accumulator: every block but the
+            # last inlined into the next; without one, a copy out of the tile.
+            for block in epilogue[:-1]:
+                sch.compute_inline(block)
+            if epilogue:
+                out = epilogue[-1]
+                sch.set_scope(conv, 0, "local")
+            else:
+                out = sch.cache_write(conv, 0, "local")  # the copy; conv now sums into the tile
+            for block in producers:  # pad_temp: its reads, with the padding test, go into the sum
+                sch.compute_inline(block)
+
+            n, h, w, c, ry, rx, rc = sch.get_loops(conv)
+            wo, wi = sch.split(w, [None, w_tile])
+            co, ck, cv = sch.split(c, [None, vectors, lanes])
+            # Weights bigger than the input: the loop over channel tiles outermost,
+            # so that each tile's weights stay in cache while every pixel passes.
+            outer = [co, n, h] if weights_first else [n, h, co]
+            sch.reorder(*outer, wo, ry, rx, rc, wi, ck, cv)
+            sch.reverse_compute_at(out, wo, preserve_unit_loops=True)
+            # All loop kinds before decompose_reduction: a block without its init
+            # is no reduction to the check that a loop's iterations are independent
+            # (the init's loops copy those kinds).
+            sch.parallel(sch.fuse(*outer))
+            sch.unroll(wi)
+            sch.unroll(ck)
+            sch.vectorize(cv)
+            _vectorize_tile(sch, out, lanes)
+            sch.decompose_reduction(conv, ry)
+            return sch
+
+        def _tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
+            """The register tile: output columns, vectors of output channels per
+            column, and lanes per vector. Vectors are whole registers (a power of
+            two lanes, the target's register where the channels allow), two per
+            column where the channels divide so (two weight loads per input
+            broadcast); columns as many as the registers left hold, a divisor of
+            ``width`` so that no tile runs off the edge."""
+            lanes = math.gcd(channels, self.lanes)  # a power of two: LLVM splits others badly
+            vectors = _best_divisor(channels // lanes, max(2, 2 * self.lanes // lanes), 1)
+            # A depthwise step loads an input vector per column, the others one
+            # broadcast value; both keep ``vectors`` weight vectors live.
+            free = self.registers - vectors - (1 if not depthwise else vectors)
+            w_tile = _best_divisor(width, max(1, free // vectors), 1)
+            return w_tile, vectors, lanes
+
+    return ConvNHWC
+
+
+def _has_reduction(block: Any) -> bool:
+    from tvm import tirx
+
+    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
+
+
+def _conv_shape(sch: Any, block: Any) -> tuple[int, int, bool, bool] | None:
+    """(output width, output channels, depthwise, whether the weights outsize
+    the input) when ``block`` is TOPI's NHWC
+    convolution: variables (n, h, w, c) spatial and three reductions, one loop
+    each in that order, the output indexed [n, h, w, c], a 4-D weight whose last
+    index is c (HWIO) or whose third is (HWOI, depthwise); None otherwise."""
+    from tvm import s_tir, tirx
+
+    stmt = sch.get(block)
+    kinds = [int(v.iter_type) for v in stmt.iter_vars]
+    if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3 or len(stmt.writes) != 1:
+        return None
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body if len(loops) == 7 else None
+    if (not isinstance(realize, s_tir.SBlockRealize)
+            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+        return None
+    ivars = [v.var for v in stmt.iter_vars]
+    write = stmt.writes[0].region
+    if len(write) != 4 or not all(r.min.same_as(v) for r, v in zip(write, ivars)):
+        return None
+    extents = [v.dom.extent for v in stmt.iter_vars]
+    if not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    channel = ivars[3]
+    weight = data = None
+    for read in stmt.reads:
+        region = read.region
+        if len(region) != 4:
+            return None
+        if region[3].min.same_as(channel) and weight is None:
+            weight, depthwise = read, False
+        elif region[2].min.same_as(channel) and weight is None:
+            weight, depthwise = read, True
+        else:
+            data = read
+    if weight is None or data is None or _uses(data.region[3].min, channel) != depthwise:
+        return None
+    shapes = [list(read.source.shape) for read in (weight, data)]
+    if not all(isinstance(n, tirx.IntImm) for shape in shapes for n in shape):
+        return None
+    sizes = [math.prod(int(n) for n in shape) for shape in shapes]
+    return int(extents[2]), int(extents[3]), depthwise, sizes[0] > sizes[1]
+
+
+def _uses(expr: Any, var: Any) -> bool:
+    from tvm import tirx
+
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _best_divisor(n: int, limit: int, step: int) -> int:
+    """The largest divisor of ``n`` up to ``limit`` that is a multiple of
+    ``step``, else the largest divisor up to ``limit``."""
+    divisors = [d for d in range(min(n, limit), 0, -1) if n % d == 0]
+    return next((d for d in divisors if d % step == 0), divisors[0])
+
+
+def _vectorize_tile(sch: Any, block: Any, lanes: int) -> None:
+    """The epilogue ``block``'s loops over the tile: the channel in vectors of
+    ``lanes``, the rest unrolled (each vector its own register)."""
+    *_, column, channel = sch.get_loops(block)
+    vectors, lane = sch.split(channel, [None, lanes])
+    sch.vectorize(lane)
+    sch.unroll(vectors)
+    sch.unroll(column)
