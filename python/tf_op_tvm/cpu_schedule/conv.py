@@ -24,6 +24,10 @@ from typing import Any
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
 
+#: Independent accumulators it takes to keep an x86 core's FMA units busy: two
+#: units, each starting an FMA every cycle that takes four to finish.
+_FMA_CHAINS = 8
+
 
 def rules(target: Any) -> list[Any]:
     """The convolution rules for an llvm ``target``."""
@@ -109,19 +113,26 @@ def _conv_rule() -> type:
         def _tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
             """The register tile: output columns, vectors of output channels per
             column, and lanes per vector. Vectors are whole registers (a power of
-            two lanes, the target's register where the channels allow), two per
-            column where the channels divide so (two weight loads per input
-            broadcast); columns as many as the registers left hold, a divisor of
-            ``width`` so that no tile runs off the edge."""
+            two lanes, the target's register where the channels allow); columns a
+            divisor of ``width``, so that no tile runs off the edge. Of the tiles
+            whose accumulators fit, one with enough accumulators to keep the FMA
+            units busy (``_FMA_CHAINS``), then the one that does the most FMAs per
+            value loaded (columns x vectors FMAs for columns + vectors loads)."""
             lanes = math.gcd(channels, self.lanes)  # a power of two: LLVM splits others badly
-            vectors = _best_divisor(channels // lanes, max(2, 2 * self.lanes // lanes), 1)
-            # A depthwise step loads an input vector per column, the others one
-            # broadcast value; both keep ``vectors`` weight vectors live.
-            # Accumulators take at most 3/4 of the registers: with more, LLVM spills
-            # (measured on AVX-512: 7 columns by 2 vectors beat 14 by 2 on 3x3 convs).
-            free = min(self.registers * 3 // 4, self.registers - vectors - (1 if not depthwise else vectors))
-            w_tile = _best_divisor(width, max(1, free // vectors), 1)
-            return w_tile, vectors, lanes
+            tiles = []
+            for vectors in _divisors(channels // lanes, max(2, 2 * self.lanes // lanes)):
+                # Accumulators take at most 3/4 of the registers: with more, LLVM
+                # spills (measured on AVX-512: 7 columns by 2 vectors beat 14 by 2
+                # on 3x3 convs). A step keeps ``vectors`` weights live, and one
+                # broadcast input (a depthwise one: an input vector per column).
+                free = min(self.registers * 3 // 4, self.registers - vectors - (vectors if depthwise else 1))
+                columns = _divisors(width, free // vectors)
+                if columns:
+                    tiles.append((columns[0], vectors))
+            if not tiles:
+                return 1, 1, lanes
+            columns, vectors = max(tiles, key=lambda t: (min(t[0] * t[1], _FMA_CHAINS), t[0] * t[1] / (t[0] + t[1])))
+            return columns, vectors, lanes
 
     return ConvNHWC
 
@@ -188,11 +199,9 @@ def _uses(expr: Any, var: Any) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _best_divisor(n: int, limit: int, step: int) -> int:
-    """The largest divisor of ``n`` up to ``limit`` that is a multiple of
-    ``step``, else the largest divisor up to ``limit``."""
-    divisors = [d for d in range(min(n, limit), 0, -1) if n % d == 0]
-    return next((d for d in divisors if d % step == 0), divisors[0])
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit``, largest first."""
+    return [d for d in range(min(n, limit), 0, -1) if n % d == 0]
 
 
 def _vectorize_tile(sch: Any, block: Any, lanes: int) -> None:
