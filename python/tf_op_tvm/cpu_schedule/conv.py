@@ -24,6 +24,10 @@ from typing import Any
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
 
+#: The least work (a loop nest's iterations) worth splitting over TVM's
+#: threads: compile_model.PARALLEL_MIN_WORK, the fallback schedule's threshold.
+_PARALLEL_MIN_WORK = 1 << 18
+
 #: Independent accumulators it takes to keep an x86 core's FMA units busy: two
 #: units, each starting an FMA every cycle that takes four to finish.
 _FMA_CHAINS = 8
@@ -91,17 +95,20 @@ def _conv_rule() -> type:
             # All loop kinds before decompose_reduction: a block without its init
             # is no reduction to the check that a loop's iterations are independent
             # (the init's loops copy those kinds).
+            work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+            threads = work >= _PARALLEL_MIN_WORK
             if weights_first:
                 # The loop over channel tiles outermost, each tile's weights copied
                 # once into a contiguous [KH][KW][IC][tile] buffer that stays in
                 # cache while every pixel passes. In HWIO the tile's rows lie OC
                 # floats apart, a page apart in the big layers, where the hardware
                 # prefetcher stops: 1.5-3x on ResNet50's late layers.
-                sch.parallel(co)
+                if threads:
+                    sch.parallel(co)
                 pack = sch.cache_read(conv, _read_index(sch.get(conv), weight), "global")
                 sch.compute_at(pack, co)
                 sch.vectorize(sch.get_loops(pack)[-1])
-            else:  # the input is the bigger: read once, each pixel's row passing all channel tiles
+            elif threads:  # the input is the bigger: read once, each pixel's row passing all channel tiles
                 sch.parallel(sch.fuse(*outer))
             sch.unroll(wi)
             sch.unroll(ck)
