@@ -2,18 +2,19 @@
 
 TOPI writes an NHWC convolution as one reduction block over (n, h, w, c, ry,
 rx, rc), after a ``pad_temp`` block and before the elementwise blocks FuseOps
-put behind it (bias, activation, residual add). Untuned, each output element
-is summed alone, reading and writing memory on every step. The schedule here
-is the register tiling of TOPI's old x86 kernels (``conv2d_avx_common``,
-``conv2d_avx_1x1``): a tile of ``w_tile`` output columns by ``c_tile`` output
-channels lives in vector registers while the reduction (ry, rx, rc) runs over
-it; each step loads ``c_tile`` weights once for all ``w_tile`` columns and one
-input value (broadcast; in a depthwise convolution one input vector) per column.
-The epilogue runs on the tile before it leaves the registers. The output
-channel is the vectorised axis: it is contiguous in the NHWC output, in the
-HWIO weights (HWOI with one input channel in a depthwise one) and, in a
-depthwise convolution, in the input. Every output element's sum runs in the
-same order as in TOPI's nest, so the results are the same to the bit.
+put behind it (bias, activation, batch norm, residual add). Untuned, each
+output element is summed alone, loading and storing it on every step. The
+schedule here is the register tiling of TOPI's old x86 kernels
+(``conv2d_avx_common``, ``conv2d_avx_1x1``): a tile of output columns by
+vectors of output channels lives in registers while the reduction (ry, rx,
+rc) runs over it; each step loads the tile's weights once for all its columns
+and one input value per column (broadcast; in a depthwise convolution, an
+input vector). The epilogue runs on the tile before it leaves the registers;
+the padding test is inlined into the sum. The output channel is the
+vectorised axis: it is contiguous in the NHWC output, in the HWIO weights
+(HWOI with one input channel in a depthwise one) and, in a depthwise
+convolution, in the input. Every output element's sum runs in the same order
+as in TOPI's nest, so the results are the same to the bit.
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ def _conv_rule() -> type:
             outer = [co, n, h] if weights_first else [n, h, co]
             sch.reorder(*outer, wo, ry, rx, rc, wi, ck, cv)
             sch.reverse_compute_at(out, wo, preserve_unit_loops=True)
-            # All loop kinds before decompose_reduction: a block without its init
-            # is no reduction to the check that a loop's iterations are independent
-            # (the init's loops copy those kinds).
+            # Loop kinds (threads here, vectors below) before decompose_reduction:
+            # a block without its init is no reduction to the check that a loop's
+            # iterations are independent; the init's loops copy those kinds.
             work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
             threads = work >= _PARALLEL_MIN_WORK
             if weights_first:
