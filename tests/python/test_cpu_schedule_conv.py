@@ -25,13 +25,15 @@ TVM_PACKAGE = worker.package_dir()
 
 #: Convolutions as (N, H, W, IC, OC, kernel, stride, depthwise, epilogue): 1x1
 #: (a GEMM), 3x3 with padding, strided, depthwise, a channel count that is no
-#: whole number of vectors, weights bigger than the input (packed), and each
+#: whole number of vectors, weights bigger than the input (packed; with images
+#: too big to pass a channel tile all at once: one at a time), and each
 #: epilogue: none, bias + relu6, bias + residual add.
 CASES = [
     (1, 9, 9, 16, 32, 1, 1, False, "bias_relu6"),
     (2, 7, 14, 24, 48, 3, 1, False, "bias_relu6"),
     (1, 15, 15, 3, 32, 3, 2, False, "bias_relu6"),
     (1, 4, 4, 64, 96, 3, 1, False, "bias_residual"),
+    (3, 20, 20, 256, 256, 3, 1, False, "bias_relu6"),
     (1, 8, 8, 40, 24, 1, 1, False, "none"),
     (1, 12, 12, 48, 48, 3, 1, True, "bias_relu6"),
     (2, 11, 11, 32, 32, 3, 2, True, "bias_relu6"),
