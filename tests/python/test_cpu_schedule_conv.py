@@ -127,7 +127,7 @@ def test_conv_rule_takes_each_convolution_and_keeps_its_values(mcpu: str) -> Non
     assert result.returncode == 0, result.stderr
     for case, got in zip(CASES, json.loads(result.stdout.splitlines()[-1]), strict=True):
         assert got["taken"] == [True], (case, got)
-        assert got["error"] < 1e-5, (case, got)
+        assert got["error"] < 1e-4, (case, got)  # float32 sums of up to 2304 terms
 
 
 def _mobile_block() -> keras.Model:
