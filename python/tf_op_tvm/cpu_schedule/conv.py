@@ -217,9 +217,30 @@ def _conv_shape(sch: Any, block: Any) -> _Conv | None:
     shapes = [list(read.source.shape) for read in (weight, data)]
     if not all(isinstance(n, tirx.IntImm) for shape in shapes for n in shape):
         return None
+    # The input an image's convolution reads: a strided one with a smaller
+    # kernel (ResNet's 1x1 stride-2 projections) skips rows and columns.
+    read = [min(int(shapes[1][d]), _touched(data.region[d].min, ivars[d], ivars[d + 3], int(extents[d]),
+                                            int(extents[d + 3]))) for d in (1, 2)]
     return _Conv(width=int(extents[2]), channels=int(extents[3]), depthwise=depthwise, weight=weight.source,
                  weight_size=4 * math.prod(int(n) for n in shapes[0]),
-                 image_size=4 * math.prod(int(n) for n in shapes[1][1:]), batch=int(shapes[1][0]))
+                 image_size=4 * read[0] * read[1] * int(shapes[1][3]), batch=int(shapes[1][0]))
+
+
+def _touched(index: Any, out: Any, tap: Any, outputs: int, taps: int) -> int:
+    """Input rows (or columns) that ``index``, a function of the output's
+    ``out`` and the kernel's ``tap``, reads: ``outputs`` strided windows of
+    ``taps``, overlapping or not."""
+    from tvm import sym, tirx
+
+    def at(o: int, t: int) -> int:
+        analyzer = sym.Analyzer()
+        analyzer.bind(out, o)
+        analyzer.bind(tap, t)
+        value = analyzer.simplify(index)
+        return int(value) if isinstance(value, tirx.IntImm) else 0
+
+    stride = at(1, 0) - at(0, 0)
+    return outputs * taps if taps < stride else (outputs - 1) * stride + taps
 
 
 def _read_index(block: Any, buffer: Any) -> int:
