@@ -363,17 +363,20 @@ def cpu_pipeline(target: Any) -> Any:
     def channel_innermost_pass(mod: Any, _ctx: Any) -> Any:
         reductions = scheduled = parallel = 0
         for gvar, func in list(mod.functions.items()):
-            if not isinstance(func, tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
-                continue  # MetaSchedule's kernels carry their own schedule
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            # MetaSchedule's kernels and cpu_schedule's carry their own schedule: only counted.
+            fresh = not (func.attrs and func.attrs.get("tirx.is_scheduled"))
             sch = s_tir.Schedule(func)
             for block in sch.get_child_blocks(sch.get_sblock("root")):
-                if any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+                if fresh and any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
                     reductions += 1
                     scheduled += channel_innermost(sch, block)
-                else:
+                elif fresh:
                     parallel_elementwise(sch, block)
                 parallel += any(sch.get(loop).kind == tirx.ForKind.PARALLEL for loop in sch.get_loops(block))
-            mod[gvar] = sch.mod["main"]
+            if fresh:
+                mod[gvar] = sch.mod["main"]
         progress(f"scheduled {scheduled} of {reductions} reductions with the output channel innermost; "
                  f"{parallel} loop nests run on TVM's threads")
         return mod

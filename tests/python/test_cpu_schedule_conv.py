@@ -1,0 +1,160 @@
+"""tf_op_tvm.cpu_schedule.conv: the register-tiled NHWC convolution schedules
+of untuned CPU libraries take the convolutions, and keep their values.
+
+The checks that need TVM's compiler run on the TVM Python (TVM_PYTHON), in a
+child process, as the worker does: TVM and TensorFlow each bring an LLVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TVM_PYTHON
+
+from tf_op import compile
+from tf_op.compiler import worker
+
+#: The tf_op_tvm package's folder (the worker's), found as tf_op.compile finds it.
+TVM_PACKAGE = worker.package_dir()
+
+#: Convolutions as (N, H, W, IC, OC, kernel, stride, depthwise, epilogue): 1x1
+#: (a GEMM), 3x3 with padding, strided, depthwise, a channel count that is no
+#: whole number of vectors, weights bigger than the input (packed; with images
+#: too big to pass a channel tile all at once: one at a time), and each
+#: epilogue: none, bias + relu6, bias + residual add.
+CASES = [
+    (1, 9, 9, 16, 32, 1, 1, False, "bias_relu6"),
+    (2, 7, 14, 24, 48, 3, 1, False, "bias_relu6"),
+    (1, 15, 15, 3, 32, 3, 2, False, "bias_relu6"),
+    (1, 4, 4, 64, 96, 3, 1, False, "bias_residual"),
+    (3, 20, 20, 256, 256, 3, 1, False, "bias_relu6"),
+    (1, 8, 8, 40, 24, 1, 1, False, "none"),
+    (1, 12, 12, 48, 48, 3, 1, True, "bias_relu6"),
+    (2, 11, 11, 32, 32, 3, 2, True, "bias_relu6"),
+    (1, 9, 9, 40, 40, 5, 1, True, "none"),
+]
+
+#: Run on the TVM Python: each case through compile_model's CPU pipeline for
+#: one target, against numpy's float64 result (relative to the output's
+#: largest value), and whether the conv rule took its PrimFunc.
+_CONV_CASES = """
+import json, sys
+import numpy as np, tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+from tvm.s_tir import dlight
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm import compile_model
+from tf_op_tvm.cpu_schedule import conv
+
+def model(n, h, w, ic, oc, k, s, dw, epilogue, rng):
+    p = (k - 1) // 2
+    pads = (p, p, p, p) if s == 1 else (0, 0, p, p)  # (top, left, bottom, right): strided, only after, as TF does
+    x = rng.standard_normal((n, h, w, ic)).astype("float32")
+    oc = ic if dw else oc
+    wt = rng.standard_normal((k, k, ic, 1) if dw else (k, k, ic, oc)).astype("float32")
+    bias = rng.standard_normal(oc).astype("float32")
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)))
+    oh, ow = (xp.shape[1] - k) // s + 1, (xp.shape[2] - k) // s + 1
+    ref = np.zeros((n, oh, ow, oc))
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, i:i + s * oh:s, j:j + s * ow:s, :]
+            ref += patch * wt[i, j, :, 0] if dw else patch @ wt[i, j].astype(np.float64)
+    residual = rng.standard_normal(ref.shape).astype("float32")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(xv, relax.const(wt), strides=s, padding=pads, groups=ic if dw else 1,
+                                           data_layout="NHWC", kernel_layout="HWOI" if dw else "HWIO"))
+            if epilogue != "none":
+                y = bb.emit(relax.op.add(y, relax.const(bias)))
+                ref = ref + bias
+            if epilogue == "bias_relu6":
+                y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+                ref = np.clip(ref, 0.0, 6.0)
+            if epilogue == "bias_residual":
+                y = bb.emit(relax.op.add(y, relax.const(residual)))
+                ref = ref + residual
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), x, ref
+
+target = tvm.target.Target(json.loads(sys.argv[2]))
+results = []
+for case in json.loads(sys.argv[3]):
+    mod, x, ref = model(*case, np.random.default_rng(0))
+    with target:
+        legal = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
+                                          dlight.ApplyDefaultSchedule(*conv.rules(target))])(mod)
+    taken = [bool(f.attrs.get("tirx.is_scheduled")) for g, f in legal.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in g.name_hint]
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
+                              tvm.cpu())
+    y = vm["main"](tvm.runtime.tensor(x)).numpy()
+    results.append({"taken": taken, "error": float(np.abs(y - ref).max() / np.abs(ref).max())})
+print(json.dumps(results))
+"""
+
+
+def _host_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
+_HOST = _host_flags()
+
+
+@pytest.mark.parametrize("mcpu", [
+    "x86-64",
+    pytest.param("x86-64-v3", marks=pytest.mark.skipif(not {"avx2", "fma"} <= _HOST, reason="runs AVX2 code")),
+    pytest.param("x86-64-v4", marks=pytest.mark.skipif("avx512f" not in _HOST, reason="runs AVX-512 code")),
+])
+def test_conv_rule_takes_each_convolution_and_keeps_its_values(mcpu: str) -> None:
+    """For each vector width (SSE, AVX2, AVX-512): every case's fused
+    convolution PrimFunc is scheduled by the conv rule, and the library's
+    output is numpy's within float32 rounding, on two of TVM's threads (the
+    bigger cases split their loops over them)."""
+    target = {"kind": "llvm", "mcpu": mcpu}
+    result = subprocess.run([TVM_PYTHON, "-c", _CONV_CASES, str(TVM_PACKAGE.parent), json.dumps(target),
+                             json.dumps(CASES)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TVM_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    for case, got in zip(CASES, json.loads(result.stdout.splitlines()[-1]), strict=True):
+        assert got["taken"] == [True], (case, got)
+        assert got["error"] < 1e-4, (case, got)  # float32 sums of up to 2304 terms
+
+
+def _mobile_block() -> keras.Model:
+    """MobileNetV2's and ResNet's layers in small: a strided 3x3 stem, batch
+    norm, relu6, 1x1 expansion, depthwise 3x3, 1x1 projection, a residual add."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((20, 20, 3))
+    x = keras.layers.Conv2D(16, 3, strides=2, padding="same", use_bias=False)(inputs)
+    x = keras.layers.ReLU(6.0)(keras.layers.BatchNormalization()(x))
+    y = keras.layers.ReLU(6.0)(keras.layers.Conv2D(48, 1)(x))
+    y = keras.layers.ReLU(6.0)(keras.layers.DepthwiseConv2D(3, padding="same")(y))
+    y = keras.layers.Conv2D(16, 1)(y)
+    x = keras.layers.Add()([x, y])
+    x = keras.layers.Conv2D(24, 3, strides=2, padding="valid", activation="relu")(x)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+
+
+def test_compiled_conv_block_matches_keras(tmp_path: Path) -> None:
+    """tf_op.compile of the block (batch norm folded, so weights are not
+    Keras's initial ones) gives Keras's values."""
+    model = _mobile_block()
+    model.layers[2].set_weights([w + np.random.default_rng(3).uniform(0.5, 1.5, w.shape).astype("float32")
+                                 for w in model.layers[2].get_weights()])
+    x = np.random.default_rng(0).standard_normal((3, 20, 20, 3)).astype(np.float32)
+    expected = model(x, training=False).numpy()
+    fast = compile(model, [tf.TensorSpec([None, 20, 20, 3])], cache_dir=tmp_path)
+    np.testing.assert_allclose(fast(x).numpy(), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
