@@ -55,9 +55,11 @@ from typing import Any
 
 if __package__:
     from tf_op_tvm import cpu_schedule, math_lowering
+    from tf_op_tvm.cpu_schedule.lanes import PARALLEL_MIN_WORK
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import cpu_schedule
     import math_lowering
+    from cpu_schedule.lanes import PARALLEL_MIN_WORK
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
 #: and the flags /proc/cpuinfo lists for them. Other LLVM features (tuning hints,
@@ -433,10 +435,6 @@ def channel_innermost(sch: Any, block: Any) -> bool:
         return False
     return True
 
-
-#: The least work (iterations of a block's whole loop nest) worth splitting over
-#: TVM's threads: waking them costs microseconds, a few times what this takes.
-PARALLEL_MIN_WORK = 1 << 18
 
 
 def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> None:

@@ -23,12 +23,10 @@ import dataclasses
 import math
 from typing import Any
 
+from .lanes import PARALLEL_MIN_WORK, vector_lanes
+
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
-
-#: The least work (a loop nest's iterations) worth splitting over TVM's
-#: threads: compile_model.PARALLEL_MIN_WORK, the fallback schedule's threshold.
-_PARALLEL_MIN_WORK = 1 << 18
 
 #: Input bytes (of all the images a channel tile passes) that stay in a
 #: core's L2 cache beside the tile's weights: in 2 MiB here (Sapphire Rapids),
@@ -42,8 +40,6 @@ _FMA_CHAINS = 8
 
 def rules(target: Any) -> list[Any]:
     """The convolution rules for an llvm ``target``."""
-    from .lanes import vector_lanes
-
     return [_conv_rule()(vector_lanes(target))]
 
 
@@ -120,7 +116,7 @@ def _conv_rule() -> type:
             # a block without its init is no reduction to the check that a loop's
             # iterations are independent; the init's loops copy those kinds.
             work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
-            if work >= _PARALLEL_MIN_WORK:
+            if work >= PARALLEL_MIN_WORK:
                 sch.parallel(sch.fuse(*outer))
             sch.unroll(wi)
             sch.unroll(ck)

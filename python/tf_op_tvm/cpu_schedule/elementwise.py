@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from .lanes import vector_lanes
-from .matmul import PARALLEL_MIN_WORK
+from .lanes import PARALLEL_MIN_WORK
 
 #: Vectors per iteration of the vectorized loop: two hide a little latency
 #: (LLVM splits the wider vector into registers of the target's width).

@@ -1,4 +1,5 @@
-"""How many elements one vector register of the target holds."""
+"""What the schedules size their work by: how many elements one vector
+register of the target holds, and how much work is worth TVM's threads."""
 
 from __future__ import annotations
 
@@ -15,3 +16,9 @@ def vector_lanes(target: Any, bits: int = 32) -> int:
     features = set(codegen.llvm_get_cpu_features(target))
     width = 512 if "avx512f" in features else 256 if "avx" in features else 128
     return width // bits
+
+
+#: The least work (iterations of a loop nest) worth splitting over TVM's
+#: threads: waking them costs microseconds, a few times what this takes. The
+#: fallback schedule (compile_model.channel_innermost) uses it too.
+PARALLEL_MIN_WORK = 1 << 18

@@ -23,11 +23,7 @@ from typing import Any
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
-from .lanes import vector_lanes
-
-#: The least work (iterations of a loop nest) worth splitting over TVM's
-#: threads, as compile_model.PARALLEL_MIN_WORK: waking them costs microseconds.
-PARALLEL_MIN_WORK = 1 << 18
+from .lanes import PARALLEL_MIN_WORK, vector_lanes
 
 #: Most rows of C in one register tile: more does not cut loads further and
 #: makes the unrolled body long.

@@ -29,7 +29,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 
 from .lanes import vector_lanes
-from .matmul import PARALLEL_MIN_WORK
+from .lanes import PARALLEL_MIN_WORK
 
 #: Rows reduced side by side: enough independent additions to cover an add's
 #: latency (4 cycles) on two ports.
