@@ -112,6 +112,8 @@ def ort_engine(graph: Callable[..., object], x: np.ndarray) -> Call:
     proto, _ = tf2onnx.convert.from_graph_def(frozen, input_names=names[0], output_names=names[1], opset=17)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    # Its threads otherwise spin after each run, on the CPUs the next engine in the round needs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda: session.run(None, {name: x})[0]
