@@ -42,12 +42,11 @@ def cnn() -> keras.Model:
 
 
 def transformer() -> keras.Model:
-    """A post-norm encoder block on 64 tokens x 128 features: attention (4 heads of 32), FFN 128-512-128, exact gelu."""
-    x = keras.Input((64, 128))
-    h = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(num_heads=4, key_dim=32)(x, x))
-    ffn = keras.layers.Dense(128)(keras.layers.Dense(512, activation=functools.partial(keras.activations.gelu,
-                                                                                       approximate=False))(h))
-    return keras.Model(x, keras.layers.LayerNormalization()(h + ffn), name="encoder")
+    """The demo's encoder block (tests/modules/keras_transformer.py): 64 tokens x 128, 4 heads, exact gelu."""
+    sys.path.insert(0, str(ROOT / "tests" / "modules"))
+    from keras_transformer import build_model
+
+    return build_model()
 
 
 def lstm() -> keras.Model:
