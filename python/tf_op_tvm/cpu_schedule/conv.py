@@ -23,7 +23,10 @@ import dataclasses
 import math
 from typing import Any
 
+from tvm import s_tir, sym, tirx
+
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .rule import Rule
 
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
@@ -40,121 +43,103 @@ _FMA_CHAINS = 8
 
 def rules(target: Any) -> list[Any]:
     """The convolution rules for an llvm ``target``."""
-    return [_conv_rule()(vector_lanes(target))]
+    return [ConvNHWC(vector_lanes(target))]
 
 
-def _conv_rule() -> type:
-    """The rule's class, made on first use: TVM is imported only in the
-    compiling process (compile_model.py), never at this package's import."""
-    from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+class ConvNHWC(Rule):
+    """Register-tiled NHWC conv2d and depthwise conv2d, epilogue fused."""
 
-    class ConvNHWC(CPUScheduleRule):
-        """Register-tiled NHWC conv2d and depthwise conv2d, epilogue fused."""
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self.registers = _REGISTERS.get(lanes, 16)
 
-        def __init__(self, lanes: int) -> None:
-            self.lanes = lanes
-            self.registers = _REGISTERS.get(lanes, 16)
+    def schedule(self, sch: Any, _target: Any) -> Any:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        reductions = [i for i, b in enumerate(blocks) if _has_reduction(sch.get(b))]
+        if len(reductions) != 1:
+            return None
+        at = reductions[0]
+        conv, producers, epilogue = blocks[at], blocks[:at], blocks[at + 1:]
+        shape = _conv_shape(sch, conv)
+        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in producers):
+            return None
+        w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
+        weights_first = shape.weight_size > shape.image_size
 
-        def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-                return None
-            try:
-                return self._schedule(s_tir.Schedule(func))
-            except s_tir.ScheduleError:  # a nest this rule misread: the fallback schedules it
-                return None
+        # The epilogue, one block reading the accumulator: every block but the
+        # last inlined into the next; without one, a copy out of the tile.
+        for block in epilogue[:-1]:
+            sch.compute_inline(block)
+        if epilogue:
+            out = epilogue[-1]
+            sch.set_scope(conv, 0, "local")
+        else:
+            out = sch.cache_write(conv, 0, "local")  # the copy; conv now sums into the tile
+        for block in producers:  # pad_temp: its reads, with the padding test, go into the sum
+            sch.compute_inline(block)
 
-        def _schedule(self, sch: Any) -> Any:
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
-            reductions = [i for i, b in enumerate(blocks) if _has_reduction(sch.get(b))]
-            if len(reductions) != 1:
-                return None
-            at = reductions[0]
-            conv, producers, epilogue = blocks[at], blocks[:at], blocks[at + 1:]
-            shape = _conv_shape(sch, conv)
-            if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in producers):
-                return None
-            w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
-            weights_first = shape.weight_size > shape.image_size
+        n, h, w, c, ry, rx, rc = sch.get_loops(conv)
+        wo, wi = sch.split(w, [None, w_tile])
+        co, ck, cv = sch.split(c, [None, vectors, lanes])
+        if weights_first:
+            # The loop over channel tiles outside the rows and the images (as
+            # many as fit in cache): each tile's weights, copied contiguous, stay
+            # in cache while those images' rows pass.
+            images = _divisors(shape.batch, max(1, _CACHED_INPUT // shape.image_size))[0]
+            nb, ni = sch.split(n, [None, images])
+            outer, inner = [nb, co], [ni, h]
+        else:
+            # Each row of input stays in cache while every channel tile passes.
+            outer, inner = [n, h, co], []
+        sch.reorder(*outer, *inner, wo, ry, rx, rc, wi, ck, cv)
+        sch.reverse_compute_at(out, wo, preserve_unit_loops=True)
+        if weights_first:
+            # A channel tile's weights copied into [KH][KW][IC][tile] where the
+            # tile's loop starts: in HWIO its rows lie OC floats apart, a page
+            # apart in the big layers, where the hardware prefetcher stops
+            # (1.5-3x on ResNet50's late layers); packed, one contiguous stream.
+            pack = sch.cache_read(conv, _read_index(sch.get(conv), shape.weight), "global")
+            sch.compute_at(pack, co)
+            sch.vectorize(sch.get_loops(pack)[-1])
+        # Loop kinds (threads here, vectors below) before decompose_reduction:
+        # a block without its init is no reduction to the check that a loop's
+        # iterations are independent; the init's loops copy those kinds.
+        work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+        if work >= PARALLEL_MIN_WORK:
+            sch.parallel(sch.fuse(*outer))
+        sch.unroll(wi)
+        sch.unroll(ck)
+        sch.vectorize(cv)
+        _vectorize_tile(sch, out, lanes)
+        sch.decompose_reduction(conv, ry)
+        return sch
 
-            # The epilogue, one block reading the accumulator: every block but the
-            # last inlined into the next; without one, a copy out of the tile.
-            for block in epilogue[:-1]:
-                sch.compute_inline(block)
-            if epilogue:
-                out = epilogue[-1]
-                sch.set_scope(conv, 0, "local")
-            else:
-                out = sch.cache_write(conv, 0, "local")  # the copy; conv now sums into the tile
-            for block in producers:  # pad_temp: its reads, with the padding test, go into the sum
-                sch.compute_inline(block)
-
-            n, h, w, c, ry, rx, rc = sch.get_loops(conv)
-            wo, wi = sch.split(w, [None, w_tile])
-            co, ck, cv = sch.split(c, [None, vectors, lanes])
-            if weights_first:
-                # The loop over channel tiles outside the rows and the images (as
-                # many as fit in cache): each tile's weights, copied contiguous, stay
-                # in cache while those images' rows pass.
-                images = _divisors(shape.batch, max(1, _CACHED_INPUT // shape.image_size))[0]
-                nb, ni = sch.split(n, [None, images])
-                outer, inner = [nb, co], [ni, h]
-            else:
-                # Each row of input stays in cache while every channel tile passes.
-                outer, inner = [n, h, co], []
-            sch.reorder(*outer, *inner, wo, ry, rx, rc, wi, ck, cv)
-            sch.reverse_compute_at(out, wo, preserve_unit_loops=True)
-            if weights_first:
-                # A channel tile's weights copied into [KH][KW][IC][tile] where the
-                # tile's loop starts: in HWIO its rows lie OC floats apart, a page
-                # apart in the big layers, where the hardware prefetcher stops
-                # (1.5-3x on ResNet50's late layers); packed, one contiguous stream.
-                pack = sch.cache_read(conv, _read_index(sch.get(conv), shape.weight), "global")
-                sch.compute_at(pack, co)
-                sch.vectorize(sch.get_loops(pack)[-1])
-            # Loop kinds (threads here, vectors below) before decompose_reduction:
-            # a block without its init is no reduction to the check that a loop's
-            # iterations are independent; the init's loops copy those kinds.
-            work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
-            if work >= PARALLEL_MIN_WORK:
-                sch.parallel(sch.fuse(*outer))
-            sch.unroll(wi)
-            sch.unroll(ck)
-            sch.vectorize(cv)
-            _vectorize_tile(sch, out, lanes)
-            sch.decompose_reduction(conv, ry)
-            return sch
-
-        def _tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
-            """The register tile: output columns, vectors of output channels per
-            column, and lanes per vector. Vectors are whole registers (a power of
-            two lanes, the target's register where the channels allow); columns a
-            divisor of ``width``, so that no tile runs off the edge. Of the tiles
-            whose accumulators fit, one with enough accumulators to keep the FMA
-            units busy (``_FMA_CHAINS``), then the one that does the most FMAs per
-            value loaded (columns x vectors FMAs for columns + vectors loads)."""
-            lanes = math.gcd(channels, self.lanes)  # a power of two: LLVM splits others badly
-            tiles = []
-            for vectors in _divisors(channels // lanes, max(2, 2 * self.lanes // lanes)):
-                # Accumulators take at most 3/4 of the registers: with more, LLVM
-                # spills (measured on AVX-512: 7 columns by 2 vectors beat 14 by 2
-                # on 3x3 convs). A step keeps ``vectors`` weights live, and one
-                # broadcast input (a depthwise one: an input vector per column).
-                free = min(self.registers * 3 // 4, self.registers - vectors - (vectors if depthwise else 1))
-                columns = _divisors(width, free // vectors)
-                if columns:
-                    tiles.append((columns[0], vectors))
-            if not tiles:
-                return 1, 1, lanes
-            columns, vectors = max(tiles, key=lambda t: (min(t[0] * t[1], _FMA_CHAINS), t[0] * t[1] / (t[0] + t[1])))
-            return columns, vectors, lanes
-
-    return ConvNHWC
+    def _tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
+        """The register tile: output columns, vectors of output channels per
+        column, and lanes per vector. Vectors are whole registers (a power of
+        two lanes, the target's register where the channels allow); columns a
+        divisor of ``width``, so that no tile runs off the edge. Of the tiles
+        whose accumulators fit, one with enough accumulators to keep the FMA
+        units busy (``_FMA_CHAINS``), then the one that does the most FMAs per
+        value loaded (columns x vectors FMAs for columns + vectors loads)."""
+        lanes = math.gcd(channels, self.lanes)  # a power of two: LLVM splits others badly
+        tiles = []
+        for vectors in _divisors(channels // lanes, max(2, 2 * self.lanes // lanes)):
+            # Accumulators take at most 3/4 of the registers: with more, LLVM
+            # spills (measured on AVX-512: 7 columns by 2 vectors beat 14 by 2
+            # on 3x3 convs). A step keeps ``vectors`` weights live, and one
+            # broadcast input (a depthwise one: an input vector per column).
+            free = min(self.registers * 3 // 4, self.registers - vectors - (vectors if depthwise else 1))
+            columns = _divisors(width, free // vectors)
+            if columns:
+                tiles.append((columns[0], vectors))
+        if not tiles:
+            return 1, 1, lanes
+        columns, vectors = max(tiles, key=lambda t: (min(t[0] * t[1], _FMA_CHAINS), t[0] * t[1] / (t[0] + t[1])))
+        return columns, vectors, lanes
 
 
 def _has_reduction(block: Any) -> bool:
-    from tvm import tirx
-
     return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
 
 
@@ -176,8 +161,6 @@ def _conv_shape(sch: Any, block: Any) -> _Conv | None:
     convolution: variables (n, h, w, c) spatial and three reductions, one loop
     each in that order, the output indexed [n, h, w, c], a 4-D weight whose last
     index is c (HWIO) or whose third is (HWOI, depthwise); None otherwise."""
-    from tvm import s_tir, tirx
-
     stmt = sch.get(block)
     kinds = [int(v.iter_type) for v in stmt.iter_vars]
     if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3 or len(stmt.writes) != 1:
@@ -226,8 +209,6 @@ def _touched(index: Any, out: Any, tap: Any, outputs: int, taps: int) -> int:
     """Input rows (or columns) that ``index``, a function of the output's
     ``out`` and the kernel's ``tap``, reads: ``outputs`` strided windows of
     ``taps``, overlapping or not."""
-    from tvm import sym, tirx
-
     def at(o: int, t: int) -> int:
         analyzer = sym.Analyzer()
         analyzer.bind(out, o)
@@ -245,8 +226,6 @@ def _read_index(block: Any, buffer: Any) -> int:
 
 
 def _uses(expr: Any, var: Any) -> bool:
-    from tvm import tirx
-
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 

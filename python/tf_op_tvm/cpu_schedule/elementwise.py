@@ -15,11 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir, tirx
-from tvm.s_tir import dlight
+from tvm import tirx
 
-from .lanes import vector_lanes
-from .lanes import PARALLEL_MIN_WORK
+from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .rule import Rule
 
 #: Vectors per iteration of the vectorized loop: two hide a little latency
 #: (LLVM splits the wider vector into registers of the target's width).
@@ -30,22 +29,17 @@ def rules(target: Any) -> list[Any]:
     return [Elementwise()]
 
 
-class Elementwise(dlight.ScheduleRule):
+class Elementwise(Rule):
     """Fused injective functions as one vectorized loop nest."""
 
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+    def schedule(self, sch: Any, target: Any) -> Any:
         from tvm.relax.analysis import has_reshape_pattern
 
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        if has_reshape_pattern(func):
+        if has_reshape_pattern(sch.mod["main"]):
             # Relax's RewriteDataflowReshape makes a reshape a view of its input,
             # no kernel at all, when it recognises its loop nest, unscheduled.
             return None
-        try:
-            return schedule_elementwise(s_tir.Schedule(func), target)
-        except s_tir.ScheduleError:  # a primitive refused: the function keeps the fallback schedule
-            return None
+        return schedule_elementwise(sch, target)
 
 
 def schedule_elementwise(sch: Any, target: Any) -> Any:

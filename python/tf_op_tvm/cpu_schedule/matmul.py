@@ -21,9 +21,9 @@ import math
 from typing import Any
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .rule import Rule
 
 #: Most rows of C in one register tile: more does not cut loads further and
 #: makes the unrolled body long.
@@ -91,16 +91,11 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, at_most) + 1) if n % d == 0)
 
 
-class Matmul(dlight.ScheduleRule):
+class Matmul(Rule):
     """Register-tiled matrix products, with their prologue and epilogue fused."""
 
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return schedule_matmul(s_tir.Schedule(func), target)
-        except s_tir.ScheduleError:  # a primitive refused: the function keeps the fallback schedule
-            return None
+    def schedule(self, sch: Any, target: Any) -> Any:
+        return schedule_matmul(sch, target)
 
 
 def _vars_in(region: Any) -> list[Any]:

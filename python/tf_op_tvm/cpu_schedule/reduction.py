@@ -25,11 +25,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir, tirx
-from tvm.s_tir import dlight
+from tvm import tirx
 
-from .lanes import vector_lanes
-from .lanes import PARALLEL_MIN_WORK
+from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .rule import Rule
 
 #: Rows reduced side by side: enough independent additions to cover an add's
 #: latency (4 cycles) on two ports.
@@ -40,17 +39,12 @@ def rules(target: Any) -> list[Any]:
     return [RowReduction()]
 
 
-class RowReduction(dlight.ScheduleRule):
+class RowReduction(Rule):
     """Functions whose reductions all run over the innermost axis of rows that
     every block shares."""
 
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-            return None
-        try:
-            return schedule_rows(s_tir.Schedule(func), target)
-        except s_tir.ScheduleError:  # a primitive refused: the function keeps the fallback schedule
-            return None
+    def schedule(self, sch: Any, target: Any) -> Any:
+        return schedule_rows(sch, target)
 
 
 def _is_reduction(sch: Any, block: Any) -> bool:
