@@ -100,10 +100,13 @@ func chooseLevel(levels []level, host map[string]bool, limit string) (level, boo
 		}
 		allowed = func(l level) bool { return len(missingFlags(l.flags, cap)) == 0 }
 	}
+	if host == nil || limit == BaselineLevel {
+		return level{}, false, nil
+	}
 	var best level
 	found := false
 	for _, l := range levels {
-		if host == nil || limit == BaselineLevel || len(missingFlags(l.flags, host)) > 0 || !allowed(l) {
+		if len(missingFlags(l.flags, host)) > 0 || !allowed(l) {
 			continue
 		}
 		if !found || len(l.flags) > len(best.flags) {

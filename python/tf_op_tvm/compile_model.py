@@ -134,9 +134,8 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
                     addons.append(str(embedded))
                 executable.export_library(str(out_path), addons=addons)
             else:
-                name = str(level["mcpu"]) if isinstance(level, dict) else str(level)
-                higher[name] = Path(tmp, f"{name}.so")
-                executable.export_library(str(higher[name]), addons=addons)
+                library = higher[target_name(level)] = Path(tmp, f"{target_name(level)}.so")
+                executable.export_library(str(library), addons=addons)
             figures["export_s"] += time.perf_counter() - exporting
     if higher:
         figures["levels"] = [*higher][::-1]
