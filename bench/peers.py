@@ -97,7 +97,7 @@ def tflite_engine(concrete: tf.types.experimental.ConcreteFunction, x: np.ndarra
 
 def ort_engine(graph: Callable[..., object], x: np.ndarray) -> Call:
     """tf2onnx's conversion of the TF graph (opset 17: LayerNormalization is one op), in an ONNX Runtime session
-    with THREADS intra-op threads and its other defaults (its workers spin a while after a call)."""
+    with THREADS intra-op threads that sleep between runs, its other settings the defaults."""
     import onnxruntime as ort
     import tf2onnx
     from tf2onnx import tf_loader
