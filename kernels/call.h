@@ -90,6 +90,90 @@ struct ReturnedValue {
   }
 };
 
+// Calls a function that returns its outputs (every function of a model, plain
+// functions made with returns=True, the models of tf_op.auto's clusters) on
+// inputs [0, num_in), lent to TVM without a copy, and makes what it returned the
+// op's outputs: without a copy where TF can take the memory, else copied. What
+// came back is checked against what the op declares: the count, each dtype,
+// each known dimension.
+template <typename Placement>
+void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
+                           absl::Span<const PartialTensorShape> declared, int64_t alignment) {
+  const std::string& where = fn.where;
+  const TvmdsoopTarget& target = fn.target;
+  CALL_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
+                errors::InvalidArgument(where, ": the model's function takes ", target.arity,
+                                        " input(s), got ", num_in));
+  const DLDevice device = placement.dl_device();
+  absl::InlinedVector<ObjectPtr, 8> inputs;
+  absl::InlinedVector<TVMFFIAny, 8> args(num_in);
+  DsoopError err = {nullptr, nullptr};
+  for (int i = 0; i < num_in; ++i) {
+    const Tensor& t = ctx->input(i);
+    auto lent = std::make_unique<LentTensor>();
+    DLTensor& dl = lent->managed.dl_tensor;
+    CALL_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
+                  errors::InvalidArgument(where, ": input ", i, " has dtype ",
+                                          tensorflow::DataTypeString(t.dtype()),
+                                          ", which DLPack cannot describe"));
+    lent->keep = t;
+    char* data = const_cast<char*>(t.tensor_data().data());
+    const size_t size = t.TotalBytes();
+    if (size > 0 && !IsAligned(data, alignment)) {
+      // The copy lives as long as TVM holds the tensor, like TF's own buffer.
+      Tensor block;
+      char* aligned = nullptr;
+      OP_REQUIRES_OK(ctx, AlignedTemp(ctx, size, alignment, &block, &aligned));
+      OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
+      lent->keep = std::move(block);
+      data = aligned;
+    }
+    for (int d = 0; d < t.dims(); ++d) lent->shape.push_back(t.dim_size(d));
+    dl.data = data;
+    dl.device = device;
+    dl.ndim = t.dims();
+    dl.shape = lent->shape.data();
+    dl.strides = nullptr;
+    dl.byte_offset = 0;
+    lent->managed.manager_ctx = lent.get();
+    lent->managed.deleter = LentTensor::Delete;
+    TVMFFIObjectHandle handle = nullptr;
+    const int wrapped = dsoop_tensor_from_dlpack(&lent->managed, &handle, &err);
+    CALL_REQUIRES_DSOOP(ctx, wrapped == 0, err,
+                        errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
+    lent.release();  // TVM owns it now, and deletes it when it drops the tensor
+    inputs.emplace_back(handle);
+    args[i].type_index = kTVMFFITensor;
+    args[i].zero_padding = 0;
+    args[i].v_obj = static_cast<TVMFFIObject*>(handle);
+  }
+
+  ReturnedValue result;
+  const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
+                                               placement.stream(), &result.value, &err)
+                               : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
+  CALL_REQUIRES_DSOOP(ctx, rc == 0, err, TVMCallFailure(where, err));
+  inputs.clear();  // TVM keeps its own references to what it holds on to
+
+  const int num_out = static_cast<int>(declared.size());
+  absl::InlinedVector<TVMFFIObjectHandle, 4> handles(num_out, nullptr);
+  const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
+  absl::InlinedVector<ObjectPtr, 4> outputs;
+  for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
+  CALL_REQUIRES_DSOOP(ctx, count >= 0, err,
+                      errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
+  CALL_REQUIRES(ctx, count == num_out,
+                errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
+                                        num_out, " output(s) (output_shapes/output_dtypes)"));
+  for (int i = 0; i < num_out; ++i) {
+    DLManagedTensor* view = nullptr;
+    const int exported = dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err);
+    CALL_REQUIRES_DSOOP(ctx, exported == 0, err,
+                        errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
+    OP_REQUIRES_OK(ctx, SetReturnedOutput(ctx, placement, where, i, ManagedPtr(view), declared[i]));
+  }
+}
+
 // What both ops share: resolving the function (Go, once per library path) and
 // calling it on the first `num_in` inputs plus outputs of the shapes the op
 // computed. Subclasses read their own attrs and decide the output shapes.
@@ -299,87 +383,12 @@ class CallKernel : public OpKernel {
     }
   }
 
-  // Calls a function that returns its outputs (every function of a model, and
-  // plain functions made with returns=True) on inputs [0, num_in), lent to TVM
-  // without a copy, and makes what it returned the op's outputs: without a copy
-  // where TF can take the memory, else copied. What came back is checked against
-  // what the op declares: the count, each dtype, each known dimension.
+  // Calls a function that returns its outputs: CallReturningFunction's call,
+  // at this kernel's alignment.
   template <typename Placement>
   void CallReturning(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
                      absl::Span<const PartialTensorShape> declared) {
-    const std::string& where = fn.where;
-    const TvmdsoopTarget& target = fn.target;
-    CALL_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
-                  errors::InvalidArgument(where, ": the model's function takes ", target.arity,
-                                          " input(s), got ", num_in));
-    const DLDevice device = placement.dl_device();
-    absl::InlinedVector<ObjectPtr, 8> inputs;
-    absl::InlinedVector<TVMFFIAny, 8> args(num_in);
-    DsoopError err = {nullptr, nullptr};
-    for (int i = 0; i < num_in; ++i) {
-      const Tensor& t = ctx->input(i);
-      auto lent = std::make_unique<LentTensor>();
-      DLTensor& dl = lent->managed.dl_tensor;
-      CALL_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
-                    errors::InvalidArgument(where, ": input ", i, " has dtype ",
-                                            tensorflow::DataTypeString(t.dtype()),
-                                            ", which DLPack cannot describe"));
-      lent->keep = t;
-      char* data = const_cast<char*>(t.tensor_data().data());
-      const size_t size = t.TotalBytes();
-      if (size > 0 && !IsAligned(data, alignment_)) {
-        // The copy lives as long as TVM holds the tensor, like TF's own buffer.
-        Tensor block;
-        char* aligned = nullptr;
-        OP_REQUIRES_OK(ctx, AlignedTemp(ctx, size, alignment_, &block, &aligned));
-        OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
-        lent->keep = std::move(block);
-        data = aligned;
-      }
-      for (int d = 0; d < t.dims(); ++d) lent->shape.push_back(t.dim_size(d));
-      dl.data = data;
-      dl.device = device;
-      dl.ndim = t.dims();
-      dl.shape = lent->shape.data();
-      dl.strides = nullptr;
-      dl.byte_offset = 0;
-      lent->managed.manager_ctx = lent.get();
-      lent->managed.deleter = LentTensor::Delete;
-      TVMFFIObjectHandle handle = nullptr;
-      const int wrapped = dsoop_tensor_from_dlpack(&lent->managed, &handle, &err);
-      CALL_REQUIRES_DSOOP(ctx, wrapped == 0, err,
-                          errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
-      lent.release();  // TVM owns it now, and deletes it when it drops the tensor
-      inputs.emplace_back(handle);
-      args[i].type_index = kTVMFFITensor;
-      args[i].zero_padding = 0;
-      args[i].v_obj = static_cast<TVMFFIObject*>(handle);
-    }
-
-    ReturnedValue result;
-    const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
-                                                 placement.stream(), &result.value, &err)
-                                 : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
-    CALL_REQUIRES_DSOOP(ctx, rc == 0, err, TVMCallFailure(where, err));
-    inputs.clear();  // TVM keeps its own references to what it holds on to
-
-    const int num_out = static_cast<int>(declared.size());
-    absl::InlinedVector<TVMFFIObjectHandle, 4> handles(num_out, nullptr);
-    const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
-    absl::InlinedVector<ObjectPtr, 4> outputs;
-    for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
-    CALL_REQUIRES_DSOOP(ctx, count >= 0, err,
-                        errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
-    CALL_REQUIRES(ctx, count == num_out,
-                  errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
-                                          num_out, " output(s) (output_shapes/output_dtypes)"));
-    for (int i = 0; i < num_out; ++i) {
-      DLManagedTensor* view = nullptr;
-      const int exported = dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err);
-      CALL_REQUIRES_DSOOP(ctx, exported == 0, err,
-                          errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
-      OP_REQUIRES_OK(ctx, SetReturnedOutput(ctx, placement, where, i, ManagedPtr(view), declared[i]));
-    }
+    CallReturningFunction(ctx, placement, fn, num_in, declared, alignment_);
   }
 
  private:

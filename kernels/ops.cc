@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -186,6 +187,28 @@ inplace: empty, or for each output the input whose buffer it may be written over
   (-1: none). TF hands that buffer over only when nothing else uses the input and
   its dtype and size are the output's; else the output is allocated. For
   functions that tolerate it (element-wise ones); not for returning functions.
+)doc");
+
+// What the automatic clustering pass (auto_pass.cc) puts in place of a part of
+// a graph: the part runs as TVM compiles it for its inputs' shapes, or as the
+// function it was (cluster_kernel.cc). Stateful: TF must not evaluate it while
+// optimising a graph (a compile), nor merge two of them.
+REGISTER_OP("TVMDSOOpCluster")
+    .Input("args: Tin")
+    .Output("outputs: Tout")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 1")
+    .Attr("function: func")
+    .Attr("cluster: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnknownShape)
+    .Doc(R"doc(
+Runs a part of a graph that tf_op.auto clustered: TVM's compiled code for the
+inputs' shapes where it has it and it is faster, else `function`, the part as it
+was in TF.
+
+function: the part of the graph, as a function of the op's inputs and outputs.
+cluster: the cluster's name in tf_op.auto.report().
 )doc");
 
 // The interface of TVM 0.7-0.19's op, unchanged, so its GraphDefs and SavedModels load.

@@ -14,7 +14,7 @@ plain ``import tf_op``.
 
 from types import ModuleType
 
-from tf_op import _library, gradients  # noqa: F401 - registers TVMDSOOp's gradient
+from tf_op import _library, auto, gradients  # noqa: F401 - registers TVMDSOOp's gradient
 from tf_op._library import BuildMismatchError, library_path
 from tf_op._version import __version__
 from tf_op.compiler import CompiledFunction, CompileError, compile  # noqa: A004 - tf_op.compile is the API
@@ -23,7 +23,7 @@ from tf_op.module import Func, Module, OpModule
 
 __all__ = [
     "BuildMismatchError", "CompileError", "CompiledFunction", "Func", "ModelLayer", "Module", "OpModule", "__version__",
-    "compile", "library_path", "ops",
+    "auto", "compile", "library_path", "ops",
 ]
 
 _library.load()

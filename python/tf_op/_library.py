@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import threading
@@ -23,7 +24,6 @@ LIBRARY_PATH_ENV = "TVMDSOOP_LIBRARY_PATH"
 
 _lock = threading.Lock()
 _ops: ModuleType | None = None
-_describe: ctypes._CFuncPtr | None = None
 _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]
 
@@ -93,25 +93,31 @@ def load() -> ModuleType:
         return _ops
 
 
+@functools.lru_cache(maxsize=None)
+def c_function(name: str, argtypes: tuple[type, ...], restype: type | None) -> ctypes._CFuncPtr:
+    """The op library's exported C function ``name``, reached through ctypes:
+    dlopen of the path TF loaded gives TF's copy back, not a second one, so
+    one Go runtime serves both."""
+    load()
+    fn = getattr(ctypes.CDLL(str(library_path())), name)
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+    return fn
+
+
+def take_string(raw: int | None) -> str:
+    """The text of a malloc'ed C string the op library returned, freed."""
+    try:
+        return ctypes.string_at(raw).decode() if raw else ""
+    finally:
+        _libc.free(raw)
+
+
 def describe(lib_path: str, sha256: str = "") -> dict[str, object]:
     """What the op library sees in a TVM library: ``{"model": bool, "functions":
     [...]}`` (a model's functions), or ``{"error": "..."}`` when it cannot load it.
 
     The op library loads the library as the op would (the same checks, and the
-    copy the op then shares), and only a file of ``sha256`` when one is given:
-    the same op library TF loaded, reached through ctypes, so one Go runtime
-    serves both."""
-    global _describe
-    load()
-    with _lock:
-        if _describe is None:
-            # dlopen of the path TF loaded gives TF's copy back, not a second one.
-            fn = ctypes.CDLL(str(library_path())).TVMDSOOpDescribeLibrary
-            fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-            fn.restype = ctypes.c_void_p
-            _describe = fn
-    raw = _describe(os.fsencode(lib_path), sha256.encode())
-    try:
-        return json.loads(ctypes.string_at(raw).decode())
-    finally:
-        _libc.free(raw)
+    copy the op then shares), and only a file of ``sha256`` when one is given."""
+    describe_c = c_function("TVMDSOOpDescribeLibrary", (ctypes.c_char_p, ctypes.c_char_p), ctypes.c_void_p)
+    return json.loads(take_string(describe_c(os.fsencode(lib_path), sha256.encode())))

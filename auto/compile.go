@@ -1,0 +1,134 @@
+package auto
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// ErrNoPython is a compile with no Python to run it: the program loaded the op
+// library with TVMDSOOP_AUTO=1 but named no TVMDSOOP_AUTO_PYTHON.
+var ErrNoPython = errors.New("tf_op.auto has no Python to compile clusters with: call tf_op.auto.enable() " +
+	"from Python, or set " + PythonEnv + " to a Python with tensorflow, apache-tvm and tvmdsoop")
+
+// Input is one input of a cluster: its TF dtype (the DataType enum's value) and shape.
+type Input struct {
+	DType int     `json:"dtype"`
+	Shape []int64 `json:"shape"`
+}
+
+// Compiled is a cluster's library for one input shape.
+type Compiled struct {
+	Library string `json:"library"`
+	SHA256  string `json:"sha256"`
+}
+
+// The worker's answer among what it prints: the library, or why there is none.
+const (
+	resultPrefix = "tvmdsoop-cluster: "
+	errorPrefix  = "tvmdsoop-cluster-error: "
+)
+
+// stderrTailLines is how much of a failed worker's output an error keeps.
+const stderrTailLines = 20
+
+// Compile has the Python of o compile cluster's function (a serialized
+// FunctionDef) for these inputs, or find it in the compile cache, and returns
+// the library. The worker runs with the pass off (no TVMDSOOP_AUTO), in its own
+// process group, killed whole past o's timeout.
+func Compile(cluster string, function []byte, inputs []Input, o Options) (Compiled, error) {
+	python := o.Python
+	if python == "" {
+		python = os.Getenv(PythonEnv)
+	}
+	if python == "" {
+		return Compiled{}, ErrNoPython
+	}
+	dir, err := os.MkdirTemp("", "tvmdsoop-cluster-")
+	if err != nil {
+		return Compiled{}, err
+	}
+	defer os.RemoveAll(dir)
+	functionPath := filepath.Join(dir, "function.pb")
+	if err := os.WriteFile(functionPath, function, 0o600); err != nil {
+		return Compiled{}, err
+	}
+	spec, err := json.Marshal(inputs)
+	if err != nil {
+		return Compiled{}, err
+	}
+	args := []string{"-m", "tf_op.compiler.cluster", "--name", cluster, "--function", functionPath, "--inputs", string(spec)}
+	if o.CacheDir != "" {
+		args = append(args, "--cache-dir", o.CacheDir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.compileTimeout())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, args...)
+	cmd.Env = workerEnv(os.Environ())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	runErr := cmd.Run()
+	if ctx.Err() != nil {
+		return Compiled{}, fmt.Errorf("the compile took longer than %gs (compile_timeout_s)", o.CompileTimeoutSeconds)
+	}
+	result, failure, found := parseAnswer(out.String())
+	switch {
+	case failure != "":
+		return Compiled{}, errors.New(failure)
+	case runErr != nil || !found:
+		return Compiled{}, fmt.Errorf("%s -m tf_op.compiler.cluster failed (%v):\n%s", python, runErr, tail(out.String()))
+	}
+	return result, nil
+}
+
+// workerEnv is this process's environment without the pass turned on: the
+// worker loads the op library too, and must not cluster its own graphs.
+func workerEnv(env []string) []string {
+	kept := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, EnableEnv+"=") {
+			kept = append(kept, kv)
+		}
+	}
+	return kept
+}
+
+// parseAnswer finds the worker's answer, its last line that starts with
+// resultPrefix or errorPrefix: the library, or the failure it reports.
+func parseAnswer(output string) (c Compiled, failure string, found bool) {
+	lines := strings.Split(output, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if line, ok := strings.CutPrefix(lines[i], errorPrefix); ok {
+			if err := json.Unmarshal([]byte(line), &failure); err != nil || failure == "" {
+				failure = line
+			}
+			return Compiled{}, failure, true
+		}
+		line, ok := strings.CutPrefix(lines[i], resultPrefix)
+		if !ok {
+			continue
+		}
+		if err := json.Unmarshal([]byte(line), &c); err != nil || c.Library == "" || c.SHA256 == "" {
+			return Compiled{}, "", false
+		}
+		return c, "", true
+	}
+	return Compiled{}, "", false
+}
+
+func tail(output string) string {
+	lines := strings.Split(strings.TrimSpace(output), "\n")
+	if len(lines) > stderrTailLines {
+		lines = lines[len(lines)-stderrTailLines:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,372 @@
+// cluster_kernel.cc: the kernel of TVMDSOOpCluster, the op tf_op.auto's pass
+// (auto_pass.cc) puts in place of a part of a graph. Per input shape it
+// compiles the part with TVM (Go runs the compiler's process) at the shape's
+// first call, times it against TF's run of the part on the next calls, and then
+// runs the faster: TVM's code, called as TVMDSOOp calls a model, or the part's
+// function through TF's function runtime. Whatever fails on the way (the
+// compile, loading what it made) sends the shape to TF, with the reason in
+// tf_op.auto.report(): a cluster never fails the user's step for TVM's sake.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kernels/auto_settings.h"
+#include "kernels/call.h"
+#include "kernels/placement.h"
+#include "tensorflow/core/framework/attr_value.pb.h"
+#include "tensorflow/core/framework/function.h"
+#include "tensorflow/core/framework/function.pb.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/strings/proto_serialization.h"
+
+namespace tvmdsoop {
+namespace {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::FunctionLibraryRuntime;
+using ::tensorflow::NameAttrList;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using internal::CallReturningFunction;
+using internal::CpuPlacement;
+using internal::Resolved;
+namespace errors = ::tensorflow::errors;
+using Clock = std::chrono::steady_clock;
+
+// Runs of each engine a shape's timing takes, after one run of each to warm up.
+constexpr int kTimedRuns = 5;
+// The alignment of what TVM's compiled models are handed (TVMDSOOp's default).
+constexpr int64_t kAlignment = 64;
+
+// One input shape signature of a cluster, and what runs it.
+struct Shape {
+  enum class State { kNew, kCompiling, kTiming, kTVM, kTF };
+
+  Shape(std::string c, absl::InlinedVector<int64_t, 16> k, std::string text)
+      : cluster(std::move(c)), key(std::move(k)), name(std::move(text)) {}
+
+  const std::string cluster;                    // its cluster's name in the report
+  const absl::InlinedVector<int64_t, 16> key;  // each input's rank, then its dimensions
+  const std::string name;                      // "[1,224,224,3] [64]", for the report
+  std::mutex mu;
+  std::condition_variable compiled;  // state left kCompiling
+  State state = State::kNew;
+  const Resolved* fn = nullptr;  // kTiming, kTVM
+  double compile_seconds = 0;
+  // kTiming: the runs handed out to each engine and the times they took.
+  int tf_runs = 0, tvm_runs = 0;
+  std::vector<double> tf_seconds, tvm_seconds;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class ClusterKernel : public AsyncOpKernel {
+ public:
+  explicit ClusterKernel(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("function", &function_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("cluster", &cluster_));
+    // What the model returns is checked for count and dtype; its shapes are
+    // whatever the part gives for these inputs.
+    declared_.resize(num_outputs());
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
+    if (!settings.enabled) {  // tf_op.auto.disable(): every cluster runs as TF would
+      RunTF(ctx, std::move(done), nullptr);
+      return;
+    }
+    std::shared_ptr<Shape> shape = ShapeOf(ctx, settings);
+    std::unique_lock<std::mutex> lock(shape->mu);
+    if (shape->state == Shape::State::kNew) {
+      shape->state = Shape::State::kCompiling;
+      if (!settings.wait) {
+        lock.unlock();
+        StartCompile(ctx, shape, settings);
+        RunTF(ctx, std::move(done), nullptr);
+        return;
+      }
+      lock.unlock();
+      Compile(ctx, shape, settings);
+      lock.lock();
+    }
+    if (shape->state == Shape::State::kCompiling) {
+      if (!settings.wait) {
+        lock.unlock();
+        RunTF(ctx, std::move(done), nullptr);
+        return;
+      }
+      shape->compiled.wait(lock, [&] { return shape->state != Shape::State::kCompiling; });
+    }
+    switch (shape->state) {
+      case Shape::State::kTVM: {
+        const Resolved* fn = shape->fn;
+        lock.unlock();
+        RunTVM(ctx, *fn);
+        done();
+        return;
+      }
+      case Shape::State::kTiming: {
+        // TF's runs first, then TVM's; a call beyond those handed out runs TF
+        // until the last timed run decides.
+        if (shape->tf_runs <= kTimedRuns) {
+          ++shape->tf_runs;
+          lock.unlock();
+          RunTF(ctx, std::move(done), shape);
+          return;
+        }
+        if (shape->tvm_runs <= kTimedRuns) {
+          ++shape->tvm_runs;
+          const Resolved* fn = shape->fn;
+          lock.unlock();
+          const Clock::time_point start = Clock::now();
+          RunTVM(ctx, *fn);
+          Timed(shape, /*tvm=*/true, std::chrono::duration<double>(Clock::now() - start).count());
+          done();
+          return;
+        }
+        lock.unlock();
+        RunTF(ctx, std::move(done), nullptr);
+        return;
+      }
+      default:
+        lock.unlock();
+        RunTF(ctx, std::move(done), nullptr);
+        return;
+    }
+  }
+
+ private:
+  // The shape of this call's inputs, found or made. Past max_shapes a new
+  // shape is not compiled: a cluster whose shapes keep changing runs TF.
+  std::shared_ptr<Shape> ShapeOf(OpKernelContext* ctx, const TvmdsoopAutoSettings& settings) {
+    absl::InlinedVector<int64_t, 16> key;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const Tensor& t = ctx->input(i);
+      key.push_back(t.dims());
+      for (int d = 0; d < t.dims(); ++d) key.push_back(t.dim_size(d));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::shared_ptr<Shape>& s : shapes_) {
+      if (s->key == key) return s;
+    }
+    std::vector<std::string> dims;
+    for (int i = 0; i < ctx->num_inputs(); ++i) dims.push_back(ctx->input(i).shape().DebugString());
+    auto shape = std::make_shared<Shape>(cluster_, key, absl::StrJoin(dims, " "));
+    if (static_cast<int>(shapes_.size()) >= settings.max_shapes) {
+      shape->state = Shape::State::kTF;
+      Report(*shape, "tf", absl::StrCat("more than ", settings.max_shapes,
+                                        " input shapes (max_shapes): new shapes run in TF"));
+    }
+    shapes_.push_back(shape);
+    return shape;
+  }
+
+  // The compile request: the part's function and the inputs' dtypes and shapes.
+  Status Request(OpKernelContext* ctx, std::string* function, std::string* inputs) {
+    FunctionLibraryRuntime* lib = ctx->function_library();
+    if (lib == nullptr) return errors::Internal("no function library to read the cluster's function from");
+    const tensorflow::FunctionDef* fdef = lib->GetFunctionLibraryDefinition()->Find(function_.name());
+    if (fdef == nullptr) return errors::NotFound("the cluster's function ", function_.name(), " is not in the graph's library");
+    if (!tsl::SerializeToStringDeterministic(*fdef, function)) {
+      return errors::Internal("cannot serialize the cluster's function");
+    }
+    std::vector<std::string> specs;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const Tensor& t = ctx->input(i);
+      std::vector<int64_t> dims;
+      for (int d = 0; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
+      specs.push_back(absl::StrCat("{\"dtype\":", static_cast<int>(t.dtype()), ",\"shape\":[",
+                                   absl::StrJoin(dims, ","), "]}"));
+    }
+    *inputs = absl::StrCat("[", absl::StrJoin(specs, ","), "]");
+    return Status();
+  }
+
+  // Compiles the shape in the background (wait=False); the thread keeps what
+  // it needs, so the kernel may go before it ends.
+  void StartCompile(OpKernelContext* ctx, std::shared_ptr<Shape> shape, const TvmdsoopAutoSettings& settings) {
+    std::string function, inputs;
+    const Status requested = Request(ctx, &function, &inputs);
+    if (!requested.ok()) {
+      Decide(*shape, nullptr, 0, requested, settings);
+      return;
+    }
+    std::thread([shape, function = std::move(function), inputs = std::move(inputs), cluster = cluster_,
+                 settings, num_in = ctx->num_inputs()] {
+      const Resolved* fn = nullptr;
+      double seconds = 0;
+      const Status built = Build(cluster, function, inputs, num_in, &fn, &seconds);
+      Decide(*shape, fn, seconds, built, settings);
+    }).detach();
+  }
+
+  void Compile(OpKernelContext* ctx, const std::shared_ptr<Shape>& shape, const TvmdsoopAutoSettings& settings) {
+    std::string function, inputs;
+    Status built = Request(ctx, &function, &inputs);
+    const Resolved* fn = nullptr;
+    double seconds = 0;
+    if (built.ok()) built = Build(cluster_, function, inputs, ctx->num_inputs(), &fn, &seconds);
+    Decide(*shape, fn, seconds, built, settings);
+  }
+
+  // Has Go compile the part (or find it in the cache) and load the library.
+  static Status Build(const std::string& cluster, const std::string& function, const std::string& inputs,
+                      int num_in, const Resolved** out, double* seconds) {
+    const Clock::time_point start = Clock::now();
+    char* lib_path = nullptr;
+    char* sha256 = nullptr;
+    char* message = nullptr;
+    const int code = tvmdsoopAutoCompile(const_cast<char*>(cluster.c_str()),
+                                         const_cast<char*>(function.data()), function.size(),
+                                         const_cast<char*>(inputs.c_str()), &lib_path, &sha256, &message);
+    *seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::unique_ptr<char, decltype(&std::free)> path_owner(lib_path, std::free),
+        sha_owner(sha256, std::free), message_owner(message, std::free);
+    if (code != 0) return Status(static_cast<absl::StatusCode>(code), message ? message : "unknown error");
+    auto r = std::make_unique<Resolved>();
+    r->lib_path = lib_path;
+    r->where = absl::StrCat("TVMDSOOpCluster ", cluster, ": function 'main' of ", r->lib_path);
+    char* resolve_message = nullptr;
+    const int resolved = tvmdsoopResolve(lib_path, const_cast<char*>("main"), sha256, kDLCPU, 0,
+                                         /*allowModels=*/1, &r->target, &resolve_message);
+    std::unique_ptr<char, decltype(&std::free)> resolve_owner(resolve_message, std::free);
+    if (resolved != 0) {
+      return Status(static_cast<absl::StatusCode>(resolved),
+                    absl::StrCat(r->where, ": ", resolve_message ? resolve_message : "unknown error"));
+    }
+    if (r->target.pool == nullptr || r->target.arity != num_in) {
+      return errors::Internal(r->where, ": expected a model whose main takes ", num_in, " input(s)");
+    }
+    *out = internal::Shared(std::move(r));
+    return Status();
+  }
+
+  // What a compile ends in: timing against TF, TVM, or TF with the reason.
+  static void Decide(Shape& shape, const Resolved* fn, double seconds, const Status& built,
+                     const TvmdsoopAutoSettings& settings) {
+    std::lock_guard<std::mutex> lock(shape.mu);
+    shape.compile_seconds = seconds;
+    if (!built.ok()) {
+      shape.state = Shape::State::kTF;
+      Report(shape, "tf", absl::StrCat("the compile failed: ", built.message()));
+    } else {
+      shape.fn = fn;
+      shape.state = settings.timing_fallback ? Shape::State::kTiming : Shape::State::kTVM;
+      Report(shape, settings.timing_fallback ? "timing" : "tvm", "");
+    }
+    shape.compiled.notify_all();
+  }
+
+  // Records one timed run; the last of them decides which engine keeps the shape.
+  static void Timed(const std::shared_ptr<Shape>& shape, bool by_tvm, double seconds) {
+    std::lock_guard<std::mutex> lock(shape->mu);
+    (by_tvm ? shape->tvm_seconds : shape->tf_seconds).push_back(seconds);
+    const size_t wanted = kTimedRuns + 1;
+    if (shape->state != Shape::State::kTiming || shape->tf_seconds.size() < wanted ||
+        shape->tvm_seconds.size() < wanted) {
+      return;
+    }
+    // The first run of each warms up (TF's first run of a function instantiates it).
+    const double tf = Median(std::vector<double>(shape->tf_seconds.begin() + 1, shape->tf_seconds.end()));
+    const double tvm = Median(std::vector<double>(shape->tvm_seconds.begin() + 1, shape->tvm_seconds.end()));
+    if (tvm <= tf) {
+      shape->state = Shape::State::kTVM;
+      Report(*shape, "tvm", "");
+    } else {
+      shape->state = Shape::State::kTF;
+      Report(*shape, "tf", absl::StrFormat("TVM's code was slower than TF on its first runs: %.3f ms against %.3f "
+                                           "ms (enable(timing_fallback=False) keeps it anyway)",
+                                           tvm * 1e3, tf * 1e3));
+    }
+  }
+
+  static void Report(const Shape& shape, const char* status, const std::string& reason) {
+    tvmdsoopAutoShapeEvent(const_cast<char*>(shape.cluster.c_str()), const_cast<char*>(shape.name.c_str()),
+                           const_cast<char*>(status), const_cast<char*>(reason.c_str()), shape.compile_seconds);
+  }
+
+  void RunTVM(OpKernelContext* ctx, const Resolved& fn) {
+    CpuPlacement placement;
+    OP_REQUIRES_OK(ctx, placement.Init(ctx));
+    CallReturningFunction(ctx, placement, fn, ctx->num_inputs(), declared_, kAlignment);
+  }
+
+  // Runs the part as TF would have, from its function; timing it for `timed`.
+  void RunTF(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Shape> timed) {
+    FunctionLibraryRuntime* lib = ctx->function_library();
+    OP_REQUIRES_ASYNC(ctx, lib != nullptr, errors::Internal(cluster_, ": no function library to run it with"),
+                      done);
+    FunctionLibraryRuntime::Handle handle;
+    OP_REQUIRES_OK_ASYNC(ctx, Instantiate(ctx, lib, &handle), done);
+    FunctionLibraryRuntime::Options opts;
+    opts.rendezvous = ctx->rendezvous();
+    opts.cancellation_manager = ctx->cancellation_manager();
+    opts.runner = ctx->runner();
+    opts.collective_executor = ctx->collective_executor();
+    std::vector<Tensor> args;
+    args.reserve(ctx->num_inputs());
+    for (int i = 0; i < ctx->num_inputs(); ++i) args.push_back(ctx->input(i));
+    auto* rets = new std::vector<Tensor>();
+    const Clock::time_point start = Clock::now();
+    lib->Run(opts, handle, args, rets,
+             [ctx, rets, done = std::move(done), timed = std::move(timed), start](const Status& status) {
+               std::unique_ptr<std::vector<Tensor>> owned(rets);
+               if (!status.ok()) {
+                 ctx->SetStatus(status);
+               } else {
+                 for (size_t i = 0; i < owned->size(); ++i) ctx->set_output(static_cast<int>(i), (*owned)[i]);
+                 if (timed) Timed(timed, /*tvm=*/false, std::chrono::duration<double>(Clock::now() - start).count());
+               }
+               done();
+             });
+  }
+
+  // The part's function, instantiated once for each function runtime.
+  Status Instantiate(OpKernelContext* ctx, FunctionLibraryRuntime* lib, FunctionLibraryRuntime::Handle* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(lib);
+    if (it != handles_.end()) {
+      *handle = it->second;
+      return Status();
+    }
+    FunctionLibraryRuntime::InstantiateOptions options;
+    options.target = ctx->device()->name();
+    TF_RETURN_IF_ERROR(lib->Instantiate(function_.name(), tensorflow::AttrSlice(&function_.attr()), options, handle));
+    handles_[lib] = *handle;
+    return Status();
+  }
+
+  NameAttrList function_;
+  std::string cluster_;
+  std::vector<PartialTensorShape> declared_;  // unknown: any shape
+  std::mutex mu_;                             // guards shapes_ and handles_
+  std::vector<std::shared_ptr<Shape>> shapes_;
+  std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("TVMDSOOpCluster").Device(tensorflow::DEVICE_CPU), ClusterKernel);
+
+}  // namespace tvmdsoop

@@ -1,0 +1,176 @@
+"""The compile of one tf_op.auto cluster for one input shape, run by the op
+library (auto/compile.go) in a process of its own:
+
+    python -m tf_op.compiler.cluster --name N --function F.pb --inputs JSON [--cache-dir D]
+
+``F.pb`` is the cluster's FunctionDef as the pass made it (kernels/auto_pass.cc),
+after TF's grappler: its fused ops (``_FusedConv2D`` and the like) are taken
+apart into the ops TF's TFLite converter knows, and the function is traced for
+the inputs' static shapes, then compiled as ``tf_op.compile`` compiles (the
+TFLite converter, the TVM worker, the same cache) for this machine's CPU. The
+answer is the last line: ``tvmdsoop-cluster: {"library": ..., "sha256": ...}``,
+or ``tvmdsoop-cluster-error: "..."`` with why it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.framework import function_def_to_graph
+
+from tf_op.compiler import cache, tflite_conversion
+from tf_op.compiler.compiled_function import _library
+from tf_op.compiler.errors import CompileError
+from tf_op.compiler.targets import HOST_TARGET
+
+#: The prefixes of the answer's line: the library, or why there is none.
+RESULT_PREFIX = "tvmdsoop-cluster: "
+ERROR_PREFIX = "tvmdsoop-cluster-error: "
+
+#: The fused ops grappler's remapper makes, and the op each starts with.
+_FUSED_BASE = {"_FusedConv2D": "Conv2D", "_FusedDepthwiseConv2dNative": "DepthwiseConv2dNative",
+               "_FusedMatMul": "MatMul"}
+#: The attrs of a fused op that are the fusion's, not the base op's.
+_FUSION_ATTRS = ("fused_ops", "num_args", "epsilon", "leakyrelu_alpha", "num_host_args", "filter_format")
+#: The fused activations, as the op each is on its own.
+_ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "LeakyRelu", "Tanh": "Tanh",
+                "Sigmoid": "Sigmoid"}
+
+
+def unfuse(graph_def: graph_pb2.GraphDef) -> None:
+    """Rewrites each fused op of grappler into its steps (base op, bias add or
+    batch norm, add, activation), the last step keeping the node's name so that
+    its consumers need no change."""
+    nodes = []
+    for node in graph_def.node:
+        if node.op not in _FUSED_BASE:
+            nodes.append(node)
+            continue
+        nodes.extend(_steps(node))
+    del graph_def.node[:]
+    graph_def.node.extend(nodes)
+
+
+def _steps(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
+    fused = [s.decode() for s in node.attr["fused_ops"].list.s]
+    data, args = list(node.input[:2]), list(node.input[2:])
+    controls = [i for i in args if i.startswith("^")]
+    args = [i for i in args if not i.startswith("^")]
+    dtype = node.attr["T"]
+    steps: list[node_def_pb2.NodeDef] = []
+
+    def step(op: str, inputs: Sequence[str], **attrs: Any) -> str:
+        made = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_{op}", op=op, device=node.device)
+        made.input.extend(inputs)
+        if op != "Const":
+            made.attr["T"].CopyFrom(dtype)
+        for key, value in attrs.items():
+            made.attr[key].CopyFrom(value)
+        steps.append(made)
+        return made.name
+
+    base = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_base", op=_FUSED_BASE[node.op], device=node.device)
+    base.input.extend(data + controls)
+    for key, value in node.attr.items():
+        if key not in _FUSION_ATTRS:
+            base.attr[key].CopyFrom(value)
+    steps.append(base)
+    out = base.name
+    rest = list(fused)
+    if rest and rest[0] == "BiasAdd":
+        out = step("BiasAdd", [out, args.pop(0)],
+                   **({"data_format": node.attr["data_format"]} if "data_format" in node.attr else {}))
+        rest.pop(0)
+    elif rest and rest[0] == "FusedBatchNorm":
+        scale, offset, mean, variance = args[:4]
+        args = args[4:]
+        out = step("FusedBatchNormV3", [out, scale, offset, mean, variance], epsilon=node.attr["epsilon"],
+                   U=dtype, is_training=attr_value_pb2.AttrValue(b=False),
+                   data_format=node.attr.get("data_format", attr_value_pb2.AttrValue(s=b"NHWC")))
+        rest.pop(0)
+    if rest and rest[0] == "Add":
+        out = step("AddV2", [out, args.pop(0)])
+        rest.pop(0)
+    for activation in rest:
+        if activation in _ACTIVATIONS:
+            extra = {"alpha": node.attr["leakyrelu_alpha"]} if activation == "LeakyRelu" else {}
+            out = step(_ACTIVATIONS[activation], [out], **extra)
+        elif activation == "GeluExact":
+            out = _gelu_exact(step, out, dtype)
+        else:
+            raise CompileError(f"{node.name}: {node.op} fuses {fused}, which this compiler cannot take apart")
+    steps[-1].name = node.name  # the consumers read the last step, under the fused node's name
+    return steps
+
+
+def _gelu_exact(step: Any, x: str, dtype: Any) -> str:
+    """0.5 x (1 + erf(x / sqrt 2)), as Keras's exact GELU."""
+    def const(value: float) -> str:
+        return step("Const", [], value=attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value, tf.float32)),
+                    dtype=attr_value_pb2.AttrValue(type=dtype.type))
+    scaled = step("Mul", [x, const(0.7071067811865476)])
+    erf = step("Erf", [scaled])
+    one_plus = step("AddV2", [erf, const(1.0)])
+    half_x = step("Mul", [x, const(0.5)])
+    return step("Mul", [half_x, one_plus])
+
+
+def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]]) -> Any:
+    """The cluster's function as a ConcreteFunction of its inputs (named
+    ``input_0``...), its fused ops taken apart, for these static shapes."""
+    shapes = [tf.TensorShape(spec["shape"]) for spec in inputs]
+    graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef, input_shapes=shapes)
+    unfuse(graph_def)
+    arg_names = [f"{arg.name}:0" for arg in fdef.signature.input_arg]
+    out_names = [names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg]
+
+    def body(*args: tf.Tensor) -> list[tf.Tensor]:
+        return tf.graph_util.import_graph_def(graph_def, input_map=dict(zip(arg_names, args)),
+                                              return_elements=out_names, name="cluster")
+
+    specs = [tf.TensorSpec(spec["shape"], tf.as_dtype(spec["dtype"]), name=f"input_{i}")
+             for i, spec in enumerate(inputs)]
+    return tf.function(body).get_concrete_function(*specs)
+
+
+def compile_cluster(name: str, fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
+                    cache_dir: str | None) -> tuple[str, str]:
+    """The library of the cluster for these inputs, from the cache or compiled now; and its sha256."""
+    concrete = concrete_function(fdef, inputs)
+    fingerprint = tflite_conversion.fingerprint(concrete)
+    lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
+                                HOST_TARGET, 0, cache.folder(cache_dir), name)
+    return str(lib_path), digest
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tf_op.compiler.cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True, help="the cluster's name, for messages")
+    parser.add_argument("--function", required=True, help="the cluster's serialized FunctionDef")
+    parser.add_argument("--inputs", required=True, help='JSON: [{"dtype": TF DataType, "shape": [...]}, ...]')
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    fdef = function_pb2.FunctionDef()
+    with open(args.function, "rb") as f:
+        fdef.ParseFromString(f.read())
+    inputs = json.loads(args.inputs)
+    try:
+        library, digest = compile_cluster(args.name, fdef, inputs, args.cache_dir)
+    except Exception as err:  # noqa: BLE001  (each way a cluster fails to compile is one answer: TF runs it)
+        logging.getLogger(__package__).debug("compile failed", exc_info=True)
+        print(ERROR_PREFIX + json.dumps(f"{type(err).__name__}: {err}"), flush=True)
+        return 1
+    print(RESULT_PREFIX + json.dumps({"library": library, "sha256": digest}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
