@@ -352,6 +352,11 @@ class ClusterKernel : public AsyncOpKernel {
     }
     FunctionLibraryRuntime::InstantiateOptions options;
     options.target = ctx->device()->name();
+    // As PartitionedCall instantiates a function: through TF's whole pipeline.
+    // A graph TF's grappler rewrote expects TF's later passes (with oneDNN, its
+    // layout pass gives _FusedDepthwiseConv2dNative a kernel that computes).
+    options.is_multi_device_function = true;
+    options.input_devices.assign(ctx->num_inputs(), ctx->device()->name());
     TF_RETURN_IF_ERROR(lib->Instantiate(function_.name(), tensorflow::AttrSlice(&function_.attr()), options, handle));
     handles_[lib] = *handle;
     return Status();

@@ -47,9 +47,13 @@ _ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "Le
 def unfuse(graph_def: graph_pb2.GraphDef) -> None:
     """Rewrites each fused op of grappler into its steps (base op, bias add or
     batch norm, add, activation), the last step keeping the node's name so that
-    its consumers need no change."""
+    its consumers need no change; and drops the attrs TF's runtime added to the
+    nodes (``_class`` colocations with nodes outside the cluster, the pass's own
+    mark), which the cluster's graph on its own cannot honour."""
     nodes = []
     for node in graph_def.node:
+        for key in [k for k in node.attr if k.startswith("_")]:
+            del node.attr[key]
         if node.op not in _FUSED_BASE:
             nodes.append(node)
             continue
