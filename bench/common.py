@@ -46,7 +46,8 @@ PEERS_MODELS: Final = {"cnn": (1, 32), "transformer": (1, 8), "lstm": (1, 8), "m
 PEERS_QUICK: Final = ("cnn", "transformer", "lstm")
 #: Its engines, in report order, with their column names; "tvm_tuned" only with --tune.
 PEERS_ENGINES: Final = {"tf": "TF graph", "xla": "XLA (jit_compile)", "tflite": "TFLite + XNNPACK",
-                        "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_tuned": "tf_op.compile tuned"}
+                        "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_tuned": "tf_op.compile tuned",
+                        "auto": "tf_op.auto"}
 PEERS_TOLERANCE: Final = 1e-4  # of float32 engines: max |engine - TF| / max |TF|
 PEERS_CACHE: Final = BUILD_DIR / "peers_cache"  # emptied at each run
 #: TVM beside TF in the bridge (docs/serving.md, Threads): all CPUs, as TF's kernels; idle workers asleep, not spinning.

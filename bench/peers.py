@@ -119,7 +119,7 @@ def ort_engine(graph: Callable[..., object], x: np.ndarray) -> Call:
 
 
 def engines(model: keras.Model, compiled: dict[str, tf_op.CompiledFunction], x_np: np.ndarray,
-            out: Results) -> dict[str, Callable[[], Call]]:
+            out: Results, prefix: str) -> dict[str, Callable[[], Call]]:
     """Each engine's setup for this input: returns its call (what the rounds time); any failure, a skipped cell."""
     x, spec = tf.constant(x_np), [tf.TensorSpec(x_np.shape, tf.float32)]
     graph = tf.function(lambda t: model(t, training=False), input_signature=spec)
@@ -131,7 +131,28 @@ def engines(model: keras.Model, compiled: dict[str, tf_op.CompiledFunction], x_n
         "ort": lambda: ort_engine(graph, x_np)}
     for variant, fn in compiled.items():  # in a tf.function, as a user runs it; the first call compiles
         setups[variant] = lambda fn=fn: functools.partial(tf.function(fn, input_signature=spec), x)
+    setups["auto"] = lambda: auto_engine(model, spec, x, out, prefix)  # last: the pass stays on while the rounds run
     return setups
+
+
+#: The calls after tf_op.auto's first that its clusters spend timed against TF
+#: (cluster_kernel.cc: six runs of each engine) before they keep the faster.
+AUTO_TIMING_CALLS = 12
+
+
+def auto_engine(model: keras.Model, spec: list[tf.TensorSpec], x: tf.Tensor, out: Results, prefix: str) -> Call:
+    """The model's tf.function with tf_op.auto on, as a user turns it on: its
+    first call compiles the clusters (the cell's first-call column), the next
+    ones time each against TF (the pass's timing fallback) until it keeps the
+    faster. The engines set up before it were traced with the pass off."""
+    tf_op.auto.enable(cache_dir=PEERS_CACHE)
+    graph = tf.function(lambda t: model(t, training=False), input_signature=spec)
+    graph(x)
+    for _ in range(AUTO_TIMING_CALLS):
+        graph(x)
+    clusters = tf_op.auto.report()
+    out[f"{prefix}auto_clusters"] = ", ".join(f"{c.status} ({len(c.ops)} ops)" for c in clusters) or "none"
+    return functools.partial(graph, x)
 
 
 def measure(name: str, batch: int, model: keras.Model, compiled: dict[str, tf_op.CompiledFunction], rounds: int,
@@ -140,7 +161,7 @@ def measure(name: str, batch: int, model: keras.Model, compiled: dict[str, tf_op
     x_np = np.random.default_rng(batch).standard_normal((batch, *model.input_shape[1:])).astype(np.float32)
     calls: dict[str, Call] = {}
     want: np.ndarray | None = None
-    for engine, setup in engines(model, compiled, x_np, out).items():
+    for engine, setup in engines(model, compiled, x_np, out, p).items():
         try:
             started = time.perf_counter()
             call = setup()
@@ -157,6 +178,7 @@ def measure(name: str, batch: int, model: keras.Model, compiled: dict[str, tf_op
             out[f"{p}{engine}_skipped"] = reason(err)
             print(f"peers: {name} b{batch} {engine} skipped: {err}", file=sys.stderr, flush=True)
     t = interleave(calls, rounds=rounds, min_time=0.04, warmup=2)
+    tf_op.auto.disable()  # the next model's engines are traced without the pass
     out[f"{p}tf_us"] = t.median("tf") * 1e6
     for engine in list(calls)[1:]:
         out[f"{p}{engine}_us"] = t.median(engine) * 1e6

@@ -14,6 +14,12 @@
 //   - status.h: TVM errors as TF statuses, and the per-call checks
 //   - target.h: what Go resolves for a kernel (this file's tvmdsoopResolve)
 //   - tf_compat.h: what differs between the TF releases it builds against
+//   - auto_pass.cc: tf_op.auto's graph pass, which puts TVMDSOOpCluster ops in
+//     place of the parts of a graph TVM can take
+//   - cluster_kernel.cc: TVMDSOOpCluster's kernel: a compile per input shape,
+//     timed against TF, with TF's run of the part as the fallback
+//   - auto_settings.h: the pass's and the cluster kernel's settings
+//   - auto.go: their calls into Go (package auto), and tf_op.auto's into them
 //
 // The shared pieces are in namespace tvmdsoop::internal; call.h says which
 // have internal linkage, and why.

@@ -1,6 +1,7 @@
-// ops.cc: the op definitions, TVMDSOOp and the legacy TvmDsoOp, registered
-// with TensorFlow in static initialisers, and their shape functions. Their
-// kernels are in tvm_dso_op_kernel.cc and legacy_kernel.cc.
+// ops.cc: the op definitions, TVMDSOOp, the legacy TvmDsoOp and tf_op.auto's
+// TVMDSOOpCluster, registered with TensorFlow in static initialisers, and their
+// shape functions. Their kernels are in tvm_dso_op_kernel.cc, legacy_kernel.cc
+// and cluster_kernel.cc.
 #include "kernels/ops.h"
 
 #include <algorithm>
