@@ -96,6 +96,26 @@ def progress(message: str) -> None:
     print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
 
 
+def _patch_flatten_to_nd() -> None:
+    """TVM 0.27's TFLite frontend reads the shape of BATCH_MATMUL's operands
+    from ``x.ty``, which a broadcast it has just made does not have yet: a
+    matmul by a rank-2 operand that is not a constant (a weight fed as an input,
+    as tf_op.auto's clusters feed Keras kernels) failed to import with
+    "'Type' object has no attribute 'shape'". The shape is read from the
+    normalised expression instead."""
+    from tvm import relax
+    from tvm.relax.frontend.tflite import tflite_frontend
+
+    def flatten_to_nd(self: Any, x: Any, nd: int = 3) -> Any:
+        shape = self.bb.normalize(x).ty.shape
+        ndims = len(shape)
+        if ndims == nd:
+            return x
+        return relax.op.reshape(x, [-1] + [int(shape[i]) for i in range(ndims - nd + 1, ndims)])
+
+    tflite_frontend.OperatorConverter.flatten_to_nd = flatten_to_nd
+
+
 def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0,
                    tuning_dir: Path | None = None) -> None:
     """from_tflite -> (tuning) -> tvm.compile -> export_library, once per level
@@ -104,6 +124,7 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     import tflite
     from tvm.relax.frontend.tflite import from_tflite
 
+    _patch_flatten_to_nd()
     start = time.perf_counter()
     model = tflite.Model.GetRootAsModel(tflite_path.read_bytes(), 0)
     mod = from_tflite(model)

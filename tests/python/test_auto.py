@@ -88,6 +88,26 @@ def test_an_op_tvm_cannot_take_stays_tf_and_splits_the_graph(auto_cache: Path) -
     assert all("EagerPyFunc" not in c.ops and "TopKV2" not in c.ops for c in clusters)
 
 
+def test_a_batch_matmul_by_a_variable_compiles_with_the_variable_as_an_input(auto_cache: Path) -> None:
+    """A (batch, seq, features) by (features, units) matmul is a BatchMatMulV2
+    whose second operand, a variable, is an input of the cluster: TVM's TFLite
+    frontend failed to import it until compile_model.py read the operand's shape
+    after normalising (the attention's projections in a Keras transformer)."""
+    rng = np.random.default_rng(0)
+    w = tf.Variable(rng.random((8, 16), dtype=np.float32))
+    x = rng.random((2, 6, 8), dtype=np.float32)
+
+    def project(t: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(tf.matmul(t, w) + 1.0)
+
+    expected = project(tf.constant(x)).numpy()
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    np.testing.assert_allclose(tf.function(project)(x).numpy(), expected, rtol=RTOL, atol=ATOL)
+    [cluster] = tf_op.auto.report()
+    assert cluster.status == "tvm", cluster.reason
+    assert "BatchMatMulV2" in cluster.ops, cluster.ops
+
+
 def test_a_failed_compile_runs_tf_and_says_why(auto_cache: Path) -> None:
     model = _cnn()
     x = _images(2)
