@@ -54,11 +54,12 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import cpu_schedule, math_lowering
+    from tf_op_tvm import cpu_schedule, math_lowering, weight_layouts
     from tf_op_tvm.cpu_schedule.lanes import PARALLEL_MIN_WORK
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import cpu_schedule
     import math_lowering
+    import weight_layouts
     from cpu_schedule.lanes import PARALLEL_MIN_WORK
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
@@ -127,7 +128,7 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     _patch_flatten_to_nd()
     start = time.perf_counter()
     model = tflite.Model.GetRootAsModel(tflite_path.read_bytes(), 0)
-    mod = from_tflite(model)
+    mod = weight_layouts.simplify(from_tflite(model))
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     if target == PORTABLE and trials > 0:

@@ -59,16 +59,28 @@ class ConvNHWC(Rule):
         if len(reductions) != 1:
             return None
         at = reductions[0]
-        conv, producers, epilogue = blocks[at], blocks[:at], blocks[at + 1:]
+        conv = blocks[at]
+        # What the sum reads (pad_temp) is inlined into it, and what reads the
+        # sum (the epilogue) is computed on its tile. The other blocks compute
+        # from the weights alone: with runtime weights, batch norm's scale and
+        # shift from the moving statistics, a vector per channel. Those before
+        # the sum stay loop nests of their own, run once before it; those after
+        # it (FuseTIR leaves them where Relax had them) are inlined into the
+        # epilogue, which cannot wait for a loop nest after the sum's.
+        upstream, downstream = _reached(sch, conv, sch.get_producers), _reached(sch, conv, sch.get_consumers)
+        producers = [b for b in blocks[:at] if _name(sch, b) in upstream]
+        epilogue = [b for b in blocks[at + 1:] if _name(sch, b) in downstream]
+        shifts = [b for b in blocks[at + 1:] if _name(sch, b) not in downstream]
         shape = _conv_shape(sch, conv)
-        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in producers):
+        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in blocks[:at] + blocks[at + 1:]):
             return None
         w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
         weights_first = shape.weight_size > shape.image_size
+        extents = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)]
 
         # The epilogue, one block reading the accumulator: every block but the
         # last inlined into the next; without one, a copy out of the tile.
-        for block in epilogue[:-1]:
+        for block in shifts + epilogue[:-1]:
             sch.compute_inline(block)
         if epilogue:
             out = epilogue[-1]
@@ -78,7 +90,13 @@ class ConvNHWC(Rule):
         for block in producers:  # pad_temp: its reads, with the padding test, go into the sum
             sch.compute_inline(block)
 
-        n, h, w, c, ry, rx, rc = sch.get_loops(conv)
+        # The tiles are the output's: the sum is computed in each (compute_at),
+        # rather than the epilogue in the sum's loops (reverse_compute_at), which
+        # TVM refuses where a block before the sum computes what the epilogue reads.
+        loops = sch.get_loops(out)
+        if [int(sch.get(loop).extent) for loop in loops] != extents[:4]:
+            return None  # an epilogue of another shape
+        n, h, w, c = loops
         wo, wi = sch.split(w, [None, w_tile])
         co, ck, cv = sch.split(c, [None, vectors, lanes])
         if weights_first:
@@ -91,8 +109,11 @@ class ConvNHWC(Rule):
         else:
             # Each row of input stays in cache while every channel tile passes.
             outer, inner = [n, h, co], []
-        sch.reorder(*outer, *inner, wo, ry, rx, rc, wi, ck, cv)
-        sch.reverse_compute_at(out, wo, preserve_unit_loops=True)
+        sch.reorder(*outer, *inner, wo, wi, ck, cv)
+        sch.compute_at(conv, wo, preserve_unit_loops=True)
+        *_, column, channel, ry, rx, rc = sch.get_loops(conv)
+        sum_ck, sum_cv = sch.split(channel, [vectors, lanes])
+        sch.reorder(ry, rx, rc, column, sum_ck, sum_cv)
         if weights_first:
             # A channel tile's weights copied into [KH][KW][IC][tile] where the
             # tile's loop starts: in HWIO its rows lie OC floats apart, a page
@@ -104,13 +125,13 @@ class ConvNHWC(Rule):
         # Loop kinds (threads here, vectors below) before decompose_reduction:
         # a block without its init is no reduction to the check that a loop's
         # iterations are independent; the init's loops copy those kinds.
-        work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(conv))
-        if work >= PARALLEL_MIN_WORK:
+        if math.prod(extents) >= PARALLEL_MIN_WORK:
             sch.parallel(sch.fuse(*outer))
-        sch.unroll(wi)
-        sch.unroll(ck)
-        sch.vectorize(cv)
-        _vectorize_tile(sch, out, lanes)
+        for loops in ((column, sum_ck, sum_cv), (wi, ck, cv)):  # the sum's tile, then the epilogue's
+            # Each vector of the tile its own register: its columns and vectors unrolled.
+            sch.unroll(loops[0])
+            sch.unroll(loops[1])
+            sch.vectorize(loops[2])
         sch.decompose_reduction(conv, ry)
         return sch
 
@@ -137,6 +158,23 @@ class ConvNHWC(Rule):
             return 1, 1, lanes
         columns, vectors = max(tiles, key=lambda t: (min(t[0] * t[1], _FMA_CHAINS), t[0] * t[1] / (t[0] + t[1])))
         return columns, vectors, lanes
+
+
+def _name(sch: Any, block: Any) -> str:
+    return str(sch.get(block).name_hint)
+
+
+def _reached(sch: Any, block: Any, step: Any) -> set[str]:
+    """The names of the blocks ``step`` (``sch.get_producers`` or
+    ``get_consumers``) reaches from ``block``, transitively."""
+    seen: set[str] = set()
+    todo = [block]
+    while todo:
+        for other in step(todo.pop()):
+            if _name(sch, other) not in seen:
+                seen.add(_name(sch, other))
+                todo.append(other)
+    return seen
 
 
 def _has_reduction(block: Any) -> bool:
@@ -232,13 +270,3 @@ def _uses(expr: Any, var: Any) -> bool:
 def _divisors(n: int, limit: int) -> list[int]:
     """The divisors of ``n`` up to ``limit``, largest first."""
     return [d for d in range(min(n, limit), 0, -1) if n % d == 0]
-
-
-def _vectorize_tile(sch: Any, block: Any, lanes: int) -> None:
-    """The epilogue ``block``'s loops over the tile: the channel in vectors of
-    ``lanes``, the rest unrolled (each vector its own register)."""
-    *_, column, channel = sch.get_loops(block)
-    vectors, lane = sch.split(channel, [None, lanes])
-    sch.vectorize(lane)
-    sch.unroll(vectors)
-    sch.unroll(column)
