@@ -72,6 +72,8 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     for block in reductions:
         if _leading_spatial(sch, block) != len(sch.get(block).iter_vars) - 1:
             return None  # a reduction over more than the last axis, or not last
+        if not _reads_along_rows(sch.get(block)):
+            return None  # a matrix product that the Matmul rule left (a classifier's 1000 columns)
     rows = min(_leading_spatial(sch, b) for b in reductions)
     last = blocks[-1]
     loops = sch.get_loops(last)
@@ -110,6 +112,20 @@ def schedule_rows(sch: Any, target: Any) -> Any:
         outer_loops = sch.get_loops(last)[:axis + 1]
         sch.parallel(sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0])
     return sch
+
+
+def _reads_along_rows(block: Any) -> bool:
+    """Whether every buffer ``block`` reads with its reduction variable, it
+    reads along its last axis: along rows. A matrix product's weight (K, N) is
+    read down its columns instead, a row of it apart for each step, where the
+    fallback (the column innermost, in vectors) reads it in order (a 2048 x
+    1000 dense layer at batch 1: 1.04 against 0.61 ms)."""
+    k = block.iter_vars[-1].var
+    for read in block.reads:
+        uses = [any(v.same_as(k) for v in tirx.analysis.undefined_vars(r.min)) for r in read.region]
+        if any(uses[:-1]):
+            return False
+    return True
 
 
 def _max_in_vectors(sch: Any, reductions: list[Any], lanes: int) -> set[str]:
