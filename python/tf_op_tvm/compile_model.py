@@ -117,18 +117,23 @@ def _patch_flatten_to_nd() -> None:
     tflite_frontend.OperatorConverter.flatten_to_nd = flatten_to_nd
 
 
+def import_tflite(flatbuffer: bytes) -> Any:
+    """The TFLite model as a Relax module, the layout changes TFLite puts on
+    weights that are inputs undone (``weight_layouts``)."""
+    import tflite
+    from tvm.relax.frontend.tflite import from_tflite
+
+    _patch_flatten_to_nd()
+    return weight_layouts.simplify(from_tflite(tflite.Model.GetRootAsModel(flatbuffer, 0)))
+
+
 def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0,
                    tuning_dir: Path | None = None) -> None:
     """from_tflite -> (tuning) -> tvm.compile -> export_library, once per level
     for ``PORTABLE``. The frontend turns every TFLite weight into a constant, so
     the library's ``main`` takes only the inputs."""
-    import tflite
-    from tvm.relax.frontend.tflite import from_tflite
-
-    _patch_flatten_to_nd()
     start = time.perf_counter()
-    model = tflite.Model.GetRootAsModel(tflite_path.read_bytes(), 0)
-    mod = weight_layouts.simplify(from_tflite(model))
+    mod = import_tflite(tflite_path.read_bytes())
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     if target == PORTABLE and trials > 0:

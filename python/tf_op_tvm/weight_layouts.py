@@ -7,15 +7,15 @@ function (a Keras weight that ``tf_op.auto`` leaves to TF's ReadVariableOp), the
 converter puts a TRANSPOSE or RESHAPE in front of the op, and TVM's frontend
 then changes the layout back to the one its Relax operator takes (HWIO, HWOI,
 (K, N)). Constant, the two fold away at compile time; as inputs, they are two
-copies of every weight on every call (ResNet50: 100 MB each way), and they put
-a transpose in front of the convolution that the convolution schedule does not
-expect. A batch matmul by a weight gets a ``broadcast_to`` that adds a leading
-dimension of 1: a copy too, where a reshape is a view.
+copies of every weight on every call (ResNet50: 100 MB each way). A
+BATCH_MATMUL by a 2-D weight (a Keras Dense layer on a sequence) gets the
+weight broadcast to the batch in front of the product: a copy per batch item.
 
-``simplify`` composes consecutive ``permute_dims``, drops one that leaves the
-axes where they were, makes such a ``broadcast_to`` a reshape, and lets Relax
-merge and drop redundant reshapes (``RemoveRedundantReshape``). Nothing here
-changes a value: every rewrite moves the same elements, or none.
+``simplify`` composes consecutive ``permute_dims`` and drops one that leaves the
+axes where they were, gives ``matmul`` the weight itself rather than its
+broadcast (matmul broadcasts it), and lets Relax merge and drop redundant
+reshapes (``RemoveRedundantReshape``). Nothing here changes a value: every
+rewrite moves the same elements, or none.
 """
 
 from __future__ import annotations
@@ -29,34 +29,32 @@ def simplify(mod: Any) -> Any:
     from tvm import relax
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-    x = wildcard()
+    x, a = wildcard(), wildcard()
     inner = is_op("relax.permute_dims")(x)
     twice = is_op("relax.permute_dims")(inner)
     broadcast = is_op("relax.broadcast_to")(x, wildcard())
+    product = is_op("relax.matmul")(a, broadcast)
 
     def compose(call: Any, matched: dict[Any, Any]) -> Any:
         source = matched[x]
         rank = source.ty.ndim
         first, second = (_axes(matched[p].attrs.axes, rank) for p in (inner, twice))
-        axes = [first[a] for a in second]
+        axes = [first[i] for i in second]
         return source if axes == list(range(rank)) else relax.op.permute_dims(source, axes)
 
-    def to_reshape(call: Any, matched: dict[Any, Any]) -> Any:
+    def unbroadcast(call: Any, matched: dict[Any, Any]) -> Any:
         source = matched[x]
-        shape, target = _static_shape(source), _static_shape(call)
-        # Only leading 1s added: the same elements in the same order.
-        if shape is None or target is None or target[len(target) - len(shape):] != shape or any(
-                n != 1 for n in target[:len(target) - len(shape)]):
+        shape, target = _static_shape(source), _static_shape(matched[broadcast])
+        # Only leading dimensions added: matmul broadcasts a B of lower rank itself.
+        if shape is None or target is None or len(shape) < 2 or target[len(target) - len(shape):] != shape:
             return call
-        return relax.op.reshape(source, target)
+        return relax.op.matmul(matched[a], source, out_dtype=call.attrs.out_dtype)
 
-    updates = {}
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            updates[gvar] = rewrite_call(broadcast, to_reshape, rewrite_call(twice, compose, func))
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return tvm.transform.Sequential([relax.transform.RemoveRedundantReshape(),
+    @relax.transform.function_pass(opt_level=0, name="tvmdsoop.SimplifyWeightLayouts")
+    def rewrite(func: Any, _mod: Any, _ctx: Any) -> Any:
+        return rewrite_call(product, unbroadcast, rewrite_call(twice, compose, func))
+
+    return tvm.transform.Sequential([rewrite, relax.transform.RemoveRedundantReshape(),
                                      relax.transform.DeadCodeElimination()])(mod)
 
 

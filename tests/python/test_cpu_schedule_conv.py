@@ -41,9 +41,26 @@ CASES = [
     (1, 9, 9, 40, 40, 5, 1, True, "none"),
 ]
 
-#: Run on the TVM Python: each case through compile_model's CPU pipeline for
-#: one target, against numpy's float64 result (relative to the output's
-#: largest value), and whether the conv rule took its PrimFunc.
+#: The same layers with their weights as inputs of the function, as tf_op.auto's
+#: clusters get Keras weights, in the form TF's TFLite converter and TVM's
+#: frontend give them: the weight transposed to TFLite's layout and back (a
+#: depthwise one reshaped), and batch norm ("bn": on its moving mean and
+#: variance, gamma and beta, all inputs) as TFLite computes it, its scale before
+#: the convolution and its shift after it.
+RUNTIME_CASES = [
+    (1, 9, 9, 16, 32, 1, 1, False, "bn_relu6"),
+    (2, 7, 14, 24, 48, 3, 1, False, "bn"),
+    (1, 15, 15, 3, 32, 3, 2, False, "bn_relu6"),
+    (3, 20, 20, 256, 256, 3, 1, False, "bn_relu6"),
+    (1, 8, 8, 40, 24, 1, 1, False, "none"),
+    (1, 12, 12, 48, 48, 3, 1, True, "bn_relu6"),
+    (2, 11, 11, 32, 32, 3, 2, True, "bn"),
+]
+
+#: Run on the TVM Python: each case through compile_model's Relax rewrites and
+#: CPU pipeline for one target, against numpy's float64 result (relative to the
+#: output's largest value), whether the conv rule took its PrimFunc, and the
+#: names of the model's kernels.
 _CONV_CASES = """
 import json, sys
 import numpy as np, tvm
@@ -51,16 +68,18 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.s_tir import dlight
 sys.path.insert(0, sys.argv[1])
-from tf_op_tvm import compile_model
+from tf_op_tvm import compile_model, weight_layouts
 from tf_op_tvm.cpu_schedule import conv
 
-def model(n, h, w, ic, oc, k, s, dw, epilogue, rng):
+def model(n, h, w, ic, oc, k, s, dw, epilogue, rng, runtime):
     p = (k - 1) // 2
     pads = (p, p, p, p) if s == 1 else (0, 0, p, p)  # (top, left, bottom, right): strided, only after, as TF does
     x = rng.standard_normal((n, h, w, ic)).astype("float32")
     oc = ic if dw else oc
     wt = rng.standard_normal((k, k, ic, 1) if dw else (k, k, ic, oc)).astype("float32")
     bias = rng.standard_normal(oc).astype("float32")
+    mean, gamma, beta = (rng.standard_normal(oc).astype("float32") for _ in range(3))
+    var = rng.uniform(0.5, 2.0, oc).astype("float32")
     xp = np.pad(x.astype(np.float64), ((0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)))
     oh, ow = (xp.shape[1] - k) // s + 1, (xp.shape[2] - k) // s + 1
     ref = np.zeros((n, oh, ow, oc))
@@ -71,14 +90,37 @@ def model(n, h, w, ic, oc, k, s, dw, epilogue, rng):
     residual = rng.standard_normal(ref.shape).astype("float32")
     bb = relax.BlockBuilder()
     xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
-    with bb.function("main", [xv]):
+    inputs, values = [xv], [x]
+    if runtime:
+        names = ["w", "mean", "var", "gamma", "beta"] if epilogue.startswith("bn") else ["w"]
+        arrays = dict(w=wt, mean=mean, var=var, gamma=gamma, beta=beta)
+        params = {name: relax.Var(name, relax.TensorType(arrays[name].shape, "float32")) for name in names}
+        inputs += params.values()
+        values += [arrays[name] for name in names]
+    with bb.function("main", inputs):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(xv, relax.const(wt), strides=s, padding=pads, groups=ic if dw else 1,
+            if runtime and dw:  # DEPTHWISE_CONV_2D's 1HWC, and back
+                weight = bb.emit(relax.op.reshape(bb.emit(relax.op.reshape(params["w"], (1, k, k, ic))), wt.shape))
+            elif runtime:  # CONV_2D's OHWI, and back
+                weight = bb.emit(relax.op.permute_dims(bb.emit(relax.op.permute_dims(params["w"], [3, 0, 1, 2])),
+                                                       [1, 2, 3, 0]))
+            else:
+                weight = relax.const(wt)
+            if epilogue.startswith("bn"):
+                eps = relax.const(np.float32(1e-3))
+                scale = bb.emit(relax.op.multiply(bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(params["var"], eps)))),
+                                                  params["gamma"]))
+            y = bb.emit(relax.op.nn.conv2d(xv, weight, strides=s, padding=pads, groups=ic if dw else 1,
                                            data_layout="NHWC", kernel_layout="HWOI" if dw else "HWIO"))
-            if epilogue != "none":
+            if epilogue.startswith("bn"):
+                y = bb.emit(relax.op.multiply(y, scale))
+                shift = bb.emit(relax.op.subtract(params["beta"], bb.emit(relax.op.multiply(params["mean"], scale))))
+                y = bb.emit(relax.op.add(y, shift))
+                ref = (ref - mean) * gamma / np.sqrt(var.astype(np.float64) + 1e-3) + beta
+            elif epilogue != "none":
                 y = bb.emit(relax.op.add(y, relax.const(bias)))
                 ref = ref + bias
-            if epilogue == "bias_relu6":
+            if epilogue.endswith("relu6"):
                 y = bb.emit(relax.op.clip(y, 0.0, 6.0))
                 ref = np.clip(ref, 0.0, 6.0)
             if epilogue == "bias_residual":
@@ -86,23 +128,31 @@ def model(n, h, w, ic, oc, k, s, dw, epilogue, rng):
                 ref = ref + residual
             out = bb.emit_output(y)
         bb.emit_func_output(out)
-    return bb.get(), x, ref
+    return weight_layouts.simplify(bb.get()), values, ref  # as compile_model.compile_tflite does
 
 target = tvm.target.Target(json.loads(sys.argv[2]))
 results = []
 for case in json.loads(sys.argv[3]):
-    mod, x, ref = model(*case, np.random.default_rng(0))
+    mod, values, ref = model(*case, np.random.default_rng(0), sys.argv[4] == "runtime")
     with target:
         legal = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
                                           dlight.ApplyDefaultSchedule(*conv.rules(target))])(mod)
-    taken = [bool(f.attrs.get("tirx.is_scheduled")) for g, f in legal.functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in g.name_hint]
+    kernels = [g.name_hint for g, f in legal.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    taken = [bool(legal[name].attrs.get("tirx.is_scheduled")) for name in kernels if "conv2d" in name]
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
-    y = vm["main"](tvm.runtime.tensor(x)).numpy()
-    results.append({"taken": taken, "error": float(np.abs(y - ref).max() / np.abs(ref).max())})
+    y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
+    results.append({"taken": taken, "kernels": kernels, "error": float(np.abs(y - ref).max() / np.abs(ref).max())})
 print(json.dumps(results))
 """
+
+
+def _run_cases(target: dict[str, str], cases: list[tuple], weights: str) -> list[dict]:
+    result = subprocess.run([TVM_PYTHON, "-c", _CONV_CASES, str(TVM_PACKAGE.parent), json.dumps(target),
+                             json.dumps(cases), weights], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TVM_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def _host_flags() -> set[str]:
@@ -113,24 +163,38 @@ def _host_flags() -> set[str]:
 _HOST = _host_flags()
 
 
-@pytest.mark.parametrize("mcpu", [
+#: One case per vector width (SSE, AVX2, AVX-512), where this CPU runs it.
+_LEVELS = [
     "x86-64",
     pytest.param("x86-64-v3", marks=pytest.mark.skipif(not {"avx2", "fma"} <= _HOST, reason="runs AVX2 code")),
     pytest.param("x86-64-v4", marks=pytest.mark.skipif("avx512f" not in _HOST, reason="runs AVX-512 code")),
-])
+]
+
+
+@pytest.mark.parametrize("mcpu", _LEVELS)
 def test_conv_rule_takes_each_convolution_and_keeps_its_values(mcpu: str) -> None:
     """For each vector width (SSE, AVX2, AVX-512): every case's fused
     convolution PrimFunc is scheduled by the conv rule, and the library's
     output is numpy's within float32 rounding, on two of TVM's threads (the
     bigger cases split their loops over them)."""
     target = {"kind": "llvm", "mcpu": mcpu}
-    result = subprocess.run([TVM_PYTHON, "-c", _CONV_CASES, str(TVM_PACKAGE.parent), json.dumps(target),
-                             json.dumps(CASES)], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TVM_NUM_THREADS": "2"})
-    assert result.returncode == 0, result.stderr
-    for case, got in zip(CASES, json.loads(result.stdout.splitlines()[-1]), strict=True):
+    for case, got in zip(CASES, _run_cases(target, CASES, "constant"), strict=True):
         assert got["taken"] == [True], (case, got)
         assert got["error"] < 1e-4, (case, got)  # float32 sums of up to 2304 terms
+
+
+@pytest.mark.parametrize("mcpu", _LEVELS)
+def test_conv_rule_takes_convolutions_whose_weights_are_inputs(mcpu: str) -> None:
+    """Weights and batch norm statistics as inputs: the weight reaches the
+    convolution with no copy (the transposes and reshapes TFLite and TVM's
+    frontend put around it undone: no kernel but the convolution), the conv
+    rule takes every convolution with batch norm's per-channel math fused, and
+    the values are numpy's."""
+    target = {"kind": "llvm", "mcpu": mcpu}
+    for case, got in zip(RUNTIME_CASES, _run_cases(target, RUNTIME_CASES, "runtime"), strict=True):
+        assert got["taken"] == [True], (case, got)
+        assert not [name for name in got["kernels"] if "transpose" in name or "reshape" in name], (case, got)
+        assert got["error"] < 1e-4, (case, got)
 
 
 def _mobile_block() -> keras.Model:
