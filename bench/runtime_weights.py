@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("cnn", "transformer", "mobilenetv2", "resnet50")
-SHAPES = {"cnn": (1, 32, 32, 3), "transformer": (1, 64, 128), "mobilenetv2": (1, 224, 224, 3),
-          "resnet50": (1, 224, 224, 3)}
+#: Each model: bench/peers.py's builder and the input's shape.
+MODELS = {"cnn": ("cnn", (1, 32, 32, 3)), "transformer": ("transformer", (1, 64, 128)),
+          "transformer_b8": ("transformer", (8, 64, 128)), "mobilenetv2": ("mobilenetv2", (1, 224, 224, 3)),
+          "resnet50": ("resnet50", (1, 224, 224, 3))}
 
 
 def _keras_model(name: str) -> Any:
@@ -37,7 +38,7 @@ def _keras_model(name: str) -> Any:
     from bench.peers import BUILDERS
 
     keras.utils.set_random_seed(0)
-    model = BUILDERS[name]()
+    model = BUILDERS[MODELS[name][0]]()
     # Random batch norm statistics: Keras's initial ones (0 and 1) would hide a
     # mean or variance read wrongly.
     rng = __import__("numpy").random.default_rng(1)
@@ -56,8 +57,9 @@ def build(folder: Path, names: list[str]) -> None:
 
     for name in names:
         model = _keras_model(name)
-        x = np.random.default_rng(0).standard_normal(SHAPES[name]).astype(np.float32)
-        spec = tf.TensorSpec(SHAPES[name], tf.float32)
+        shape = MODELS[name][1]
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        spec = tf.TensorSpec(shape, tf.float32)
         const = tf.function(lambda t: model(t, training=False)).get_concrete_function(spec)
         trainable = [v.numpy() for v in model.trainable_variables]
         non_trainable = [v.numpy() for v in model.non_trainable_variables]
@@ -137,8 +139,10 @@ def time_all(folder: Path, rounds: int, names: list[str], before: Path | None) -
             got = (got[0] if isinstance(got, (list, tuple)) else got).numpy()
             error = np.abs(got - expected).max() / np.abs(expected).max()
             print(f"{name} {kind}: relative error {error:.2e}", "OK" if error <= 1e-4 else "WRONG", flush=True)
-        for _ in range(rounds):  # in turns: a slow spell of the shared machine falls on both
-            for kind, call in calls.items():
+        for turn in range(rounds):  # in turns: a slow spell of the shared machine falls on all
+            # Every other round backwards: what runs just before a library (a
+            # big model's weights through the caches) is not always the same.
+            for kind, call in (calls.items() if turn % 2 else reversed(calls.items())):
                 call()
                 n, start = 0, time.perf_counter()
                 while n < 3 or time.perf_counter() - start < 0.3:
