@@ -165,10 +165,11 @@ def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_dense_layers_whose_weights_are_inputs(target: dict[str, str], tmp_path: Path) -> None:
-    """Weights as inputs: no kernel copies them, the 512-wide layer is register-tiled, the 1000-wide one with its bias (an input
-    too) is register-tiled where 1000 is whole vectors (SSE, AVX2) and else
-    left to the fallback, never taken for a row reduction (which read its
-    weight down the columns), and the values are Keras's."""
+    """Weights as inputs: no kernel copies them, the 512-wide layer is
+    register-tiled, the 1000-wide one with its bias (an input too) is
+    register-tiled where 1000 is whole vectors (SSE, AVX2) and else left to
+    the fallback, never taken for a row reduction (which read its weight down
+    the columns), and the values are Keras's."""
     model = _classifier()
     call, specs, weights = _stateless(model, (2, 256))
     taken = _rules_taken_by(tf.function(call).get_concrete_function(*specs), target, tmp_path)

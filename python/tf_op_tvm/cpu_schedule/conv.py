@@ -72,7 +72,8 @@ class ConvNHWC(Rule):
         epilogue = [b for b in blocks[at + 1:] if _name(sch, b) in downstream]
         shifts = [b for b in blocks[at + 1:] if _name(sch, b) not in downstream]
         shape = _conv_shape(sch, conv)
-        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in blocks[:at] + blocks[at + 1:]):
+        others = blocks[:at] + blocks[at + 1:]
+        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in others):
             return None
         w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
         weights_first = shape.weight_size > shape.image_size
@@ -127,11 +128,11 @@ class ConvNHWC(Rule):
         # iterations are independent; the init's loops copy those kinds.
         if math.prod(extents) >= PARALLEL_MIN_WORK:
             sch.parallel(sch.fuse(*outer))
-        for loops in ((column, sum_ck, sum_cv), (wi, ck, cv)):  # the sum's tile, then the epilogue's
+        for columns, vectors_loop, lanes_loop in ((column, sum_ck, sum_cv), (wi, ck, cv)):  # the sum's, the epilogue's
             # Each vector of the tile its own register: its columns and vectors unrolled.
-            sch.unroll(loops[0])
-            sch.unroll(loops[1])
-            sch.vectorize(loops[2])
+            sch.unroll(columns)
+            sch.unroll(vectors_loop)
+            sch.vectorize(lanes_loop)
         sch.decompose_reduction(conv, ry)
         return sch
 
