@@ -19,6 +19,8 @@ func TestValidate(t *testing.T) {
 		{"min cluster size", func(o *Options) { o.MinClusterSize = 0 }, "min_cluster_size must be at least 1"},
 		{"max shapes", func(o *Options) { o.MaxShapes = -1 }, "max_shapes must be at least 1"},
 		{"timeout", func(o *Options) { o.CompileTimeoutSeconds = 0 }, "compile_timeout_s must be positive"},
+		{"portable target", func(o *Options) { o.Target = TargetPortable }, ""},
+		{"unknown target", func(o *Options) { o.Target = "cuda" }, `target must be "native" or "portable", got "cuda"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,8 +51,8 @@ func TestParseAnswer(t *testing.T) {
 		wantFailure string
 		wantFound   bool
 	}{
-		{"library", "log line\ntvmdsoop-cluster: {\"library\": \"/c/a.so\", \"sha256\": \"ab\"}\n",
-			Compiled{Library: "/c/a.so", SHA256: "ab"}, "", true},
+		{"library", "log line\ntvmdsoop-cluster: {\"library\": \"/c/a.so\", \"sha256\": \"ab\", \"flops\": 4096}\n",
+			Compiled{Library: "/c/a.so", SHA256: "ab", FLOPs: 4096}, "", true},
 		{"failure", "tvmdsoop-cluster-error: \"CompileError: no\"\n", Compiled{}, "CompileError: no", true},
 		{"failure not JSON", "tvmdsoop-cluster-error: plain words", Compiled{}, "plain words", true},
 		{"the last answer counts", "tvmdsoop-cluster-error: \"old\"\ntvmdsoop-cluster: {\"library\": \"l\", \"sha256\": \"s\"}",
@@ -96,6 +98,8 @@ func TestCompileRunsTheWorker(t *testing.T) {
 		{"pass left on", `[ -z "${TVMDSOOP_AUTO:-}" ] || { echo 'tvmdsoop-cluster-error: "recursion"'; exit 1; }
 			echo 'tvmdsoop-cluster: {"library": "/y.so", "sha256": "11"}'`, 10, Compiled{Library: "/y.so", SHA256: "11"}, ""},
 		{"timeout", `sleep 5`, 0.2, Compiled{}, "longer than 0.2s"},
+		{"target", `case "$*" in *"--target portable"*) ;; *) exit 1;; esac
+			echo 'tvmdsoop-cluster: {"library": "/p.so", "sha256": "22"}'`, 10, Compiled{Library: "/p.so", SHA256: "22"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +107,7 @@ func TestCompileRunsTheWorker(t *testing.T) {
 			python := filepath.Join(t.TempDir(), "python")
 			require.NoError(t, os.WriteFile(python, []byte("#!/bin/sh\n"+tt.script+"\n"), 0o755))
 			o := DefaultOptions()
-			o.Python, o.CompileTimeoutSeconds = python, tt.timeout
+			o.Python, o.CompileTimeoutSeconds, o.Target = python, tt.timeout, TargetPortable
 			got, err := Compile("cluster_0", []byte("function"), []Input{{DType: 1, Shape: []int64{2, 3}}}, o)
 			if tt.wantErr != "" {
 				assert.ErrorContains(t, err, tt.wantErr)
@@ -120,16 +124,19 @@ func TestReport(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, Configure(DefaultOptions())) })
 	ClusterMade("c0", "f", []string{"Conv2D", "Relu"}, "")
 	ClusterMade("c1", "f", []string{"MatMul"}, "the cluster's results are not used")
-	ShapeEvent("c0", "[1,8]", "timing", "", 2.5)
-	ShapeEvent("c0", "[2,8]", "tvm", "", 1.5)
-	ShapeEvent("c0", "[1,8]", "tf", "slower", 2.5)
+	ShapeEvent("c0", ShapeRecord{Shape: "[1,8]", Status: "timing", CompileSeconds: 2.5, Library: "/a.so", SHA256: "aa", FLOPs: 64})
+	ShapeEvent("c0", ShapeRecord{Shape: "[2,8]", Status: "tvm", CompileSeconds: 1.5, Library: "/b.so", SHA256: "bb", FLOPs: 128})
+	ShapeEvent("c0", ShapeRecord{Shape: "[1,8]", Status: "tf", Reason: "slower", CompileSeconds: 2.5, Library: "/a.so", SHA256: "aa", FLOPs: 64})
 
 	report := Report()
 	require.Len(t, report, 2)
 	assert.Equal(t, "tf", report[0].Status, "the shape that ran last decides")
 	assert.Equal(t, "slower", report[0].Reason)
 	assert.InDelta(t, 4.0, report[0].CompileSeconds, 1e-9)
-	assert.Equal(t, []ShapeRecord{{"[1,8]", "tf", "slower", 2.5}, {"[2,8]", "tvm", "", 1.5}}, report[0].Shapes)
+	assert.Equal(t, []ShapeRecord{
+		{Shape: "[1,8]", Status: "tf", Reason: "slower", CompileSeconds: 2.5, Library: "/a.so", SHA256: "aa", FLOPs: 64},
+		{Shape: "[2,8]", Status: "tvm", CompileSeconds: 1.5, Library: "/b.so", SHA256: "bb", FLOPs: 128},
+	}, report[0].Shapes)
 	assert.Equal(t, Cluster{Name: "c1", Graph: "f", Ops: []string{"MatMul"}, Status: "tf",
 		Reason: "the cluster's results are not used", Shapes: []ShapeRecord{}}, report[1])
 

@@ -28,6 +28,8 @@ type Input struct {
 type Compiled struct {
 	Library string `json:"library"`
 	SHA256  string `json:"sha256"`
+	// FLOPs are the compiled part's convolutions' and matmuls'.
+	FLOPs int64 `json:"flops"`
 }
 
 // The worker's answer among what it prints: the library, or why there is none.
@@ -67,6 +69,9 @@ func Compile(cluster string, function []byte, inputs []Input, o Options) (Compil
 	args := []string{"-m", "tf_op.compiler.cluster", "--name", cluster, "--function", functionPath, "--inputs", string(spec)}
 	if o.CacheDir != "" {
 		args = append(args, "--cache-dir", o.CacheDir)
+	}
+	if o.Target != "" {
+		args = append(args, "--target", o.Target)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.compileTimeout())
 	defer cancel()

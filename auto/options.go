@@ -48,7 +48,19 @@ type Options struct {
 	Python string `json:"python"`
 	// CompileTimeoutSeconds bounds one compile; past it the shape runs TF.
 	CompileTimeoutSeconds float64 `json:"compile_timeout_s"`
+	// Target is what the clusters are compiled for: TargetHost (also when
+	// empty), or TargetPortable, the libraries tf_op.auto.convert ships.
+	Target string `json:"target"`
 }
+
+// The targets a cluster compiles for (tf_op.compile's names).
+const (
+	// TargetHost is this machine's CPU, all its features.
+	TargetHost = "native"
+	// TargetPortable is x86-64 at several levels in one library, the level
+	// chosen by the CPU that loads it: for libraries that travel.
+	TargetPortable = "portable"
+)
 
 // DefaultOptions are the options before any enable(): on where EnableEnv is 1.
 func DefaultOptions() Options {
@@ -73,6 +85,9 @@ func (o Options) Validate() error {
 	}
 	if o.CompileTimeoutSeconds <= 0 {
 		errs = append(errs, fmt.Errorf("compile_timeout_s must be positive, got %g", o.CompileTimeoutSeconds))
+	}
+	if o.Target != "" && o.Target != TargetHost && o.Target != TargetPortable {
+		errs = append(errs, fmt.Errorf("target must be %q or %q, got %q", TargetHost, TargetPortable, o.Target))
 	}
 	return errors.Join(errs...)
 }

@@ -10,6 +10,13 @@ type ShapeRecord struct {
 	Reason string `json:"reason"`
 	// CompileSeconds is how long the compile (or the cache's answer) took.
 	CompileSeconds float64 `json:"compile_seconds"`
+	// Library and SHA256 are the compiled library's path and digest; empty
+	// where none was made.
+	Library string `json:"library"`
+	SHA256  string `json:"sha256"`
+	// FLOPs are those of the convolutions and matmuls in the compiled part
+	// for this shape, by the compiler's count (0 where it made none).
+	FLOPs int64 `json:"flops"`
 }
 
 // Cluster is one cluster the pass made (or tried to make), in the report.
@@ -55,7 +62,7 @@ func ClusterMade(name, graph string, ops []string, reason string) {
 }
 
 // ShapeEvent records what became of one input shape of a cluster.
-func ShapeEvent(cluster, shape, status, reason string, compileSeconds float64) {
+func ShapeEvent(cluster string, record ShapeRecord) {
 	mu.Lock()
 	defer mu.Unlock()
 	c, ok := byName[cluster]
@@ -64,17 +71,16 @@ func ShapeEvent(cluster, shape, status, reason string, compileSeconds float64) {
 		clusters = append(clusters, c)
 		byName[cluster] = c
 	}
-	record := ShapeRecord{Shape: shape, Status: status, Reason: reason, CompileSeconds: compileSeconds}
 	found := false
 	for i := range c.Shapes {
-		if c.Shapes[i].Shape == shape {
+		if c.Shapes[i].Shape == record.Shape {
 			c.Shapes[i], found = record, true
 		}
 	}
 	if !found {
 		c.Shapes = append(c.Shapes, record)
 	}
-	c.Status, c.Reason = status, reason
+	c.Status, c.Reason = record.Status, record.Reason
 	c.CompileSeconds = 0
 	for _, s := range c.Shapes {
 		c.CompileSeconds += s.CompileSeconds

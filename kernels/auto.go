@@ -46,6 +46,18 @@ func TVMDSOOpAutoConfigure(options *C.char) (errMsg *C.char) {
 	return nil
 }
 
+// TVMDSOOpAutoOptions returns the options in force (auto.Current) as
+// malloc'ed JSON, which TVMDSOOpAutoConfigure takes back.
+//
+//export TVMDSOOpAutoOptions
+func TVMDSOOpAutoOptions() *C.char {
+	out, err := json.Marshal(auto.Current())
+	if err != nil {
+		out, _ = json.Marshal(map[string]string{"error": err.Error()})
+	}
+	return C.CString(string(out))
+}
+
 // TVMDSOOpAutoReport returns the report (auto.Report) as malloc'ed JSON.
 //
 //export TVMDSOOpAutoReport
@@ -68,18 +80,27 @@ func tvmdsoopAutoClusterMade(name, graph, ops, reason *C.char) {
 }
 
 //export tvmdsoopAutoShapeEvent
-func tvmdsoopAutoShapeEvent(cluster, shape, status, reason *C.char, compileSeconds C.double) {
+func tvmdsoopAutoShapeEvent(cluster, shape, status, reason *C.char, compileSeconds C.double, library, sha256 *C.char, flops C.longlong) {
 	defer recoverInto(nil)
-	auto.ShapeEvent(C.GoString(cluster), C.GoString(shape), C.GoString(status), C.GoString(reason), float64(compileSeconds))
+	auto.ShapeEvent(C.GoString(cluster), auto.ShapeRecord{
+		Shape:          C.GoString(shape),
+		Status:         C.GoString(status),
+		Reason:         C.GoString(reason),
+		CompileSeconds: float64(compileSeconds),
+		Library:        C.GoString(library),
+		SHA256:         C.GoString(sha256),
+		FLOPs:          int64(flops),
+	})
 }
 
 // tvmdsoopAutoCompile compiles a cluster's function (size bytes of a serialized
 // FunctionDef) for the inputs of inputsJSON ([{"dtype": int, "shape": [...]}]),
-// writing the library's path and SHA-256. On failure it returns a TF status
+// writing the library's path, its SHA-256 and the FLOPs of the part's
+// convolutions and matmuls (the compiler's count). On failure it returns a TF status
 // code and a message; every string it writes is malloc'ed for the caller to free.
 //
 //export tvmdsoopAutoCompile
-func tvmdsoopAutoCompile(cluster, function *C.char, size C.size_t, inputsJSON *C.char, lib, sha256, errMsg **C.char) (code C.int) {
+func tvmdsoopAutoCompile(cluster, function *C.char, size C.size_t, inputsJSON *C.char, lib, sha256 **C.char, flops *C.longlong, errMsg **C.char) (code C.int) {
 	defer func() {
 		if r := recover(); r != nil {
 			*errMsg, code = C.CString(fmt.Sprintf("internal error: %v", r)), codeInternal
@@ -99,6 +120,7 @@ func tvmdsoopAutoCompile(cluster, function *C.char, size C.size_t, inputsJSON *C
 		return codeInternal
 	}
 	*lib, *sha256 = C.CString(compiled.Library), C.CString(compiled.SHA256)
+	*flops = C.longlong(compiled.FLOPs)
 	return 0
 }
 

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "kernels/auto_settings.h"
+#include "tensorflow/core/common_runtime/graph_constructor.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/function.pb.h"
@@ -256,8 +259,17 @@ struct Plan {
 
 std::atomic<int64_t> next_cluster{0};
 
+// How clusters are named: the pass's are numbered in the process; those of a
+// graph tf_op.auto.convert saves carry a hash of their function too, so that
+// they keep apart from the pass's, and from another converted graph's, in any
+// process that loads them.
+struct Naming {
+  std::string prefix = "tvmdsoop_cluster_";
+  bool hashed = false;
+};
+
 Status PlanCluster(const Graph& g, const std::vector<int>& ids, const std::vector<int>& topo_index,
-                   Plan* plan) {
+                   const Naming& naming, Plan* plan) {
   absl::flat_hash_set<int> in_cluster(ids.begin(), ids.end());
   for (int id : ids) plan->nodes.push_back(g.FindNodeId(id));
   std::sort(plan->nodes.begin(), plan->nodes.end(),
@@ -281,15 +293,16 @@ Status PlanCluster(const Graph& g, const std::vector<int>& ids, const std::vecto
   }
   if (plan->outputs.empty()) return errors::InvalidArgument("the cluster's results are not used");
   plan->device = plan->nodes.front()->assigned_device_name();
-  plan->id = absl::StrCat("tvmdsoop_cluster_", next_cluster.fetch_add(1));
+  plan->id = absl::StrCat(naming.prefix, next_cluster.fetch_add(1));
   std::vector<const Node*> body(plan->constants.begin(), plan->constants.end());
   body.insert(body.end(), plan->nodes.begin(), plan->nodes.end());
   std::vector<std::string> output_names;
   for (size_t i = 0; i < plan->outputs.size(); ++i) output_names.push_back(absl::StrCat("output_", i));
   TF_RETURN_IF_ERROR(tensorflow::GraphToFunctionDef(
-      g, absl::StrCat("__", plan->id), /*append_hash_to_fn_name=*/false, /*set_stateful_from_nodes=*/false,
+      g, absl::StrCat("__", plan->id), /*append_hash_to_fn_name=*/naming.hashed, /*set_stateful_from_nodes=*/false,
       /*copy_placeholder_attrs_from_nodes=*/false, body, plan->inputs, plan->outputs, output_names, {}, {},
       "a part of a graph tf_op.auto compiles with TVM", &plan->function));
+  if (naming.hashed) plan->id = plan->function.signature().name().substr(2);
   (*plan->function.mutable_attr())[kClusterFunctionAttr].set_b(true);
   // Marked node by node as well: should TF ever optimise the function's graph
   // without saying whose it is, its nodes still refuse a cluster of their own.
@@ -314,6 +327,7 @@ Status Rewrite(Graph* g, const Plan& plan) {
   Node* cluster = nullptr;
   TF_RETURN_IF_ERROR(NodeBuilder(g->NewName(plan.id), "TVMDSOOpCluster")
                          .Input(inputs)
+                         .Input(std::vector<NodeBuilder::NodeOut>{})  // libraries: none compiled ahead
                          .Attr("Tin", in_types)
                          .Attr("Tout", out_types)
                          .Attr("function", function)
@@ -348,6 +362,51 @@ bool FunctionAttrTrue(const FunctionDef* f, const char* name) {
   return it != f->attr().end() && it->second.b();
 }
 
+// Clusters g (a function's graph, graph_name, or a session's) in place: each
+// cluster's function goes into flib, and the report hears of each cluster.
+void ClusterGraph(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const std::string& graph_name,
+                  int min_cluster_size, const Naming& naming) {
+  std::vector<Node*> order;
+  tensorflow::GetReversePostOrder(*g, &order);
+  std::vector<int> topo_index(g->num_node_ids(), 0);
+  for (size_t i = 0; i < order.size(); ++i) topo_index[order[i]->id()] = static_cast<int>(i);
+
+  Clustering clustering(*g);
+  for (Node* n : order) {
+    if (Clusterable(*n)) clustering.Add(*n);
+  }
+  for (Node* n : order) {
+    if (clustering.ClusterOf(*n) < 0) continue;
+    for (const Edge* e : n->in_edges()) {
+      if (!e->IsControlEdge() && clustering.ClusterOf(*e->src()) >= 0 &&
+          e->src()->assigned_device_name() == n->assigned_device_name()) {
+        clustering.TryMerge(*e->src(), *n);
+      }
+    }
+  }
+
+  for (const auto& [key, ids] : clustering.clusters()) {
+    int anchors = 0, size = 0;
+    for (int id : ids) {
+      const Node* n = g->FindNodeId(id);
+      if (n->type_string() == "Identity") continue;
+      ++size;
+      anchors += SupportedOps().at(n->type_string()) == Role::kAnchor ? 1 : 0;
+    }
+    if (anchors == 0 || size < min_cluster_size) continue;
+    Plan plan;
+    Status planned = PlanCluster(*g, ids, topo_index, naming, &plan);
+    if (planned.ok()) planned = flib->AddFunctionDef(plan.function);
+    if (planned.ok()) planned = Rewrite(g, plan);
+    const std::string ops = absl::StrJoin(plan.op_types, ",");
+    VLOG(1) << "tf_op.auto: " << graph_name << ": " << plan.id << " of " << plan.nodes.size() << " ops (" << ops
+            << "): " << (planned.ok() ? "made" : planned.ToString());
+    const std::string reason = planned.ok() ? "" : std::string(planned.message());
+    tvmdsoopAutoClusterMade(const_cast<char*>(plan.id.c_str()), const_cast<char*>(graph_name.c_str()),
+                            const_cast<char*>(ops.c_str()), const_cast<char*>(reason.c_str()));
+  }
+}
+
 class AutoClusterPass : public GraphOptimizationPass {
  public:
   Status Run(const GraphOptimizationPassOptions& options) override {
@@ -359,48 +418,9 @@ class AutoClusterPass : public GraphOptimizationPass {
         FunctionAttrTrue(options.function_def, "_XlaMustCompile")) {
       return Status();
     }
-    Graph* g = options.graph->get();
-    std::vector<Node*> order;
-    tensorflow::GetReversePostOrder(*g, &order);
-    std::vector<int> topo_index(g->num_node_ids(), 0);
-    for (size_t i = 0; i < order.size(); ++i) topo_index[order[i]->id()] = static_cast<int>(i);
-
-    Clustering clustering(*g);
-    for (Node* n : order) {
-      if (Clusterable(*n)) clustering.Add(*n);
-    }
-    for (Node* n : order) {
-      if (clustering.ClusterOf(*n) < 0) continue;
-      for (const Edge* e : n->in_edges()) {
-        if (!e->IsControlEdge() && clustering.ClusterOf(*e->src()) >= 0 &&
-            e->src()->assigned_device_name() == n->assigned_device_name()) {
-          clustering.TryMerge(*e->src(), *n);
-        }
-      }
-    }
-
     const std::string graph_name = options.function_def != nullptr ? options.function_def->signature().name()
                                                                     : std::string("a session's graph");
-    for (const auto& [key, ids] : clustering.clusters()) {
-      int anchors = 0, size = 0;
-      for (int id : ids) {
-        const Node* n = g->FindNodeId(id);
-        if (n->type_string() == "Identity") continue;
-        ++size;
-        anchors += SupportedOps().at(n->type_string()) == Role::kAnchor ? 1 : 0;
-      }
-      if (anchors == 0 || size < settings.min_cluster_size) continue;
-      Plan plan;
-      Status planned = PlanCluster(*g, ids, topo_index, &plan);
-      if (planned.ok()) planned = options.flib_def->AddFunctionDef(plan.function);
-      if (planned.ok()) planned = Rewrite(g, plan);
-      const std::string ops = absl::StrJoin(plan.op_types, ",");
-      VLOG(1) << "tf_op.auto: " << graph_name << ": " << plan.id << " of " << plan.nodes.size() << " ops ("
-              << ops << "): " << (planned.ok() ? "made" : planned.ToString());
-      const std::string reason = planned.ok() ? "" : std::string(planned.message());
-      tvmdsoopAutoClusterMade(const_cast<char*>(plan.id.c_str()), const_cast<char*>(graph_name.c_str()),
-                              const_cast<char*>(ops.c_str()), const_cast<char*>(reason.c_str()));
-    }
+    ClusterGraph(options.graph->get(), options.flib_def, graph_name, settings.min_cluster_size, Naming());
     return Status();
   }
 };
@@ -411,3 +431,43 @@ class AutoClusterPass : public GraphOptimizationPass {
 REGISTER_OPTIMIZATION(::tensorflow::OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 4, AutoClusterPass);
 
 }  // namespace tvmdsoop
+
+// tf_op.auto.convert's clustering: the pass's, on a GraphDef (size bytes at
+// data) that TF has not placed, every node on the CPU. It returns the GraphDef
+// with its clusters (malloc'ed, *out_size bytes), or NULL and a malloc'ed
+// *error. The clusters are named with hashes (Naming), and reported as the
+// pass's are.
+extern "C" __attribute__((visibility("default"))) char* TVMDSOOpAutoClusterGraphDef(const char* data, size_t size,
+                                                                                    int min_cluster_size,
+                                                                                    size_t* out_size,
+                                                                                    char** error) {
+  *error = nullptr;
+  auto fail = [error](const std::string& message) -> char* {
+    *error = strdup(absl::StrCat("tf_op.auto.convert: ", message).c_str());
+    return nullptr;
+  };
+  tensorflow::GraphDef graph_def;
+  if (!graph_def.ParseFromArray(data, static_cast<int>(size))) return fail("the GraphDef does not parse");
+  tensorflow::FunctionLibraryDefinition flib(tensorflow::OpRegistry::Global(), graph_def.library());
+  tensorflow::Graph g(flib);
+  tensorflow::GraphConstructorOptions options;
+  options.allow_internal_ops = true;
+  const tensorflow::Status status = tensorflow::ConvertGraphDefToGraph(options, std::move(graph_def), &g);
+  if (!status.ok()) return fail(std::string(status.message()));
+  // Placed on the CPU to be clustered, and unplaced again after: the GraphDef
+  // keeps the devices it asked for, no more.
+  constexpr char kCPU[] = "/job:localhost/replica:0/task:0/device:CPU:0";
+  for (tensorflow::Node* n : g.op_nodes()) n->set_assigned_device_name(kCPU);
+  tvmdsoop::ClusterGraph(&g, g.mutable_flib_def(), "tf_op.auto.convert", min_cluster_size,
+                         tvmdsoop::Naming{"tvmdsoop_convert_", /*hashed=*/true});
+  for (tensorflow::Node* n : g.op_nodes()) n->set_assigned_device_name("");
+  tensorflow::GraphDef clustered;
+  g.ToGraphDef(&clustered);
+  std::string bytes;
+  if (!clustered.SerializeToString(&bytes)) return fail("the clustered GraphDef does not serialize");
+  char* out = static_cast<char*>(std::malloc(bytes.size()));
+  if (out == nullptr) return fail("out of memory");
+  std::memcpy(out, bytes.data(), bytes.size());
+  *out_size = bytes.size();
+  return out;
+}

@@ -1,8 +1,10 @@
 // auto_settings.cc: the settings of automatic clustering (auto_settings.h),
 // behind a mutex: the pass reads them once per graph, a cluster kernel once per
-// call of a shape it has not decided yet.
+// call of a shape it has not decided yet. Whether the pass is on is mirrored in
+// an atomic, which every call of a cluster kernel reads.
 #include "kernels/auto_settings.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -27,14 +29,22 @@ TvmdsoopAutoSettings& Current() {
   return *settings;
 }
 
+std::atomic<int>& Enabled() {
+  static auto* enabled = new std::atomic<int>(Defaults().enabled);
+  return *enabled;
+}
+
 }  // namespace
 
 extern "C" void tvmdsoop_auto_settings_set(TvmdsoopAutoSettings settings) {
   std::lock_guard<std::mutex> lock(Mutex());
   Current() = settings;
+  Enabled().store(settings.enabled, std::memory_order_release);
 }
 
 extern "C" TvmdsoopAutoSettings tvmdsoop_auto_settings_get(void) {
   std::lock_guard<std::mutex> lock(Mutex());
   return Current();
 }
+
+extern "C" int tvmdsoop_auto_enabled(void) { return Enabled().load(std::memory_order_acquire); }

@@ -25,6 +25,10 @@ void tvmdsoop_auto_settings_set(TvmdsoopAutoSettings settings);
 // The settings now.
 TvmdsoopAutoSettings tvmdsoop_auto_settings_get(void);
 
+// Whether the pass is on, without the settings' mutex: what a cluster kernel
+// reads on each call.
+int tvmdsoop_auto_enabled(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

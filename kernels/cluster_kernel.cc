@@ -6,7 +6,13 @@
 // function through TF's function runtime. Whatever fails on the way (the
 // compile, loading what it made) sends the shape to TF, with the reason in
 // tf_op.auto.report(): a cluster never fails the user's step for TVM's sake.
+//
+// A cluster of a converted SavedModel (tf_op.auto.convert) also holds
+// libraries compiled ahead for some input shapes (its `libraries` inputs, as
+// assets): those shapes load their library, verified, and run it without a
+// compiler, whether or not the pass is on; its other shapes are any cluster's.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -62,14 +68,31 @@ struct Shape {
   Shape(std::string c, absl::InlinedVector<int64_t, 16> k, std::string text)
       : cluster(std::move(c)), key(std::move(k)), name(std::move(text)) {}
 
+  // Whether the inputs of this call have this shape.
+  bool Matches(const OpKernelContext& ctx, int num_args) const {
+    size_t k = 0;
+    for (int i = 0; i < num_args; ++i) {
+      const Tensor& t = ctx.input(i);
+      if (k >= key.size() || key[k++] != t.dims()) return false;
+      for (int d = 0; d < t.dims(); ++d) {
+        if (k >= key.size() || key[k++] != t.dim_size(d)) return false;
+      }
+    }
+    return k == key.size();
+  }
+
   const std::string cluster;                    // its cluster's name in the report
   const absl::InlinedVector<int64_t, 16> key;  // each input's rank, then its dimensions
   const std::string name;                      // "[1,224,224,3] [64]", for the report
+  int ahead = -1;  // the index of its library compiled ahead, if it has one; set before it is shared
   std::mutex mu;
+  bool reported_off = false;  // the report heard it ran TF because the pass was off
   std::condition_variable compiled;  // state left kCompiling
   State state = State::kNew;
   const Resolved* fn = nullptr;  // kTiming, kTVM
   double compile_seconds = 0;
+  std::string library, sha256;  // what fn was loaded from
+  int64_t flops = 0;            // the convolutions' and matmuls' in the compiled part, by the compiler's count
   // kTiming: the runs handed out to each engine and the times they took.
   int tf_runs = 0, tvm_runs = 0;
   std::vector<double> tf_seconds, tvm_seconds;
@@ -85,19 +108,56 @@ class ClusterKernel : public AsyncOpKernel {
   explicit ClusterKernel(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("function", &function_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("cluster", &cluster_));
+    int num_libraries = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Nlib", &num_libraries));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("library_sha256", &library_sha256_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("library_shapes", &library_shapes_));
+    OP_REQUIRES(ctx,
+                static_cast<int>(library_sha256_.size()) == num_libraries &&
+                    static_cast<int>(library_shapes_.size()) == num_libraries,
+                errors::InvalidArgument("TVMDSOOpCluster ", cluster_, ": ", num_libraries,
+                                        " libraries, but library_sha256 has ", library_sha256_.size(),
+                                        " entries and library_shapes ", library_shapes_.size()));
+    num_args_ = num_inputs() - num_libraries;
     // What the model returns is checked for count and dtype; its shapes are
     // whatever the part gives for these inputs.
     declared_.resize(num_outputs());
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
-    if (!settings.enabled) {  // tf_op.auto.disable(): every cluster runs as TF would
+    const bool enabled = tvmdsoop_auto_enabled() != 0;
+    // The shape that last ran TVM's code, found without a lock: a graph called
+    // with the same shapes step after step pays for no more than this.
+    const Shape* latest = latest_tvm_.load(std::memory_order_acquire);
+    if (latest != nullptr && (enabled || latest->ahead >= 0) && latest->Matches(*ctx, num_args_)) {
+      RunTVM(ctx, *latest->fn);
+      done();
+      return;
+    }
+    if (!enabled && library_shapes_.empty()) {  // tf_op.auto.disable(): clusters run as TF would
       RunTF(ctx, std::move(done), nullptr);
       return;
     }
+    const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
     std::shared_ptr<Shape> shape = ShapeOf(ctx, settings);
     std::unique_lock<std::mutex> lock(shape->mu);
+    // Off, only what was compiled ahead runs TVM's code; the report says so
+    // once, of a shape still to compile when the pass is on again.
+    if (!enabled && shape->ahead < 0) {
+      if (shape->state == Shape::State::kNew && !shape->reported_off) {
+        shape->reported_off = true;
+        Report(*shape, "tf", "no library was compiled ahead for this shape, and tf_op.auto is off to compile one");
+      }
+      lock.unlock();
+      RunTF(ctx, std::move(done), nullptr);
+      return;
+    }
+    if (shape->state == Shape::State::kNew && shape->ahead >= 0) {
+      shape->state = Shape::State::kCompiling;
+      lock.unlock();
+      LoadAhead(ctx, shape);
+      lock.lock();
+    }
     if (shape->state == Shape::State::kNew) {
       shape->state = Shape::State::kCompiling;
       if (!settings.wait) {
@@ -122,6 +182,7 @@ class ClusterKernel : public AsyncOpKernel {
       case Shape::State::kTVM: {
         const Resolved* fn = shape->fn;
         lock.unlock();
+        latest_tvm_.store(shape.get(), std::memory_order_release);
         RunTVM(ctx, *fn);
         done();
         return;
@@ -159,21 +220,25 @@ class ClusterKernel : public AsyncOpKernel {
  private:
   // The shape of this call's inputs, found or made. Past max_shapes a new
   // shape is not compiled: a cluster whose shapes keep changing runs TF.
+  // Shapes compiled ahead do not count against max_shapes.
   std::shared_ptr<Shape> ShapeOf(OpKernelContext* ctx, const TvmdsoopAutoSettings& settings) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::shared_ptr<Shape>& s : shapes_) {
+      if (s->Matches(*ctx, num_args_)) return s;
+    }
     absl::InlinedVector<int64_t, 16> key;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
+    std::vector<std::string> dims;
+    for (int i = 0; i < num_args_; ++i) {
       const Tensor& t = ctx->input(i);
       key.push_back(t.dims());
       for (int d = 0; d < t.dims(); ++d) key.push_back(t.dim_size(d));
+      dims.push_back(t.shape().DebugString());
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const std::shared_ptr<Shape>& s : shapes_) {
-      if (s->key == key) return s;
-    }
-    std::vector<std::string> dims;
-    for (int i = 0; i < ctx->num_inputs(); ++i) dims.push_back(ctx->input(i).shape().DebugString());
     auto shape = std::make_shared<Shape>(cluster_, key, absl::StrJoin(dims, " "));
-    if (static_cast<int>(shapes_.size()) >= settings.max_shapes) {
+    const auto ahead = std::find(library_shapes_.begin(), library_shapes_.end(), shape->name);
+    if (ahead != library_shapes_.end()) {
+      shape->ahead = static_cast<int>(ahead - library_shapes_.begin());
+    } else if (++compiled_shapes_ > settings.max_shapes) {
       shape->state = Shape::State::kTF;
       Report(*shape, "tf", absl::StrCat("more than ", settings.max_shapes,
                                         " input shapes (max_shapes): new shapes run in TF"));
@@ -192,7 +257,7 @@ class ClusterKernel : public AsyncOpKernel {
       return errors::Internal("cannot serialize the cluster's function");
     }
     std::vector<std::string> specs;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
+    for (int i = 0; i < num_args_; ++i) {
       const Tensor& t = ctx->input(i);
       std::vector<int64_t> dims;
       for (int d = 0; d < t.dims(); ++d) dims.push_back(t.dim_size(d));
@@ -209,46 +274,91 @@ class ClusterKernel : public AsyncOpKernel {
     std::string function, inputs;
     const Status requested = Request(ctx, &function, &inputs);
     if (!requested.ok()) {
-      Decide(*shape, nullptr, 0, requested, settings);
+      Decide(*shape, Built(), requested, settings);
       return;
     }
     std::thread([shape, function = std::move(function), inputs = std::move(inputs), cluster = cluster_,
-                 settings, num_in = ctx->num_inputs()] {
-      const Resolved* fn = nullptr;
-      double seconds = 0;
-      const Status built = Build(cluster, function, inputs, num_in, &fn, &seconds);
-      Decide(*shape, fn, seconds, built, settings);
+                 settings, num_in = num_args_] {
+      Built built;
+      const Status status = Build(cluster, function, inputs, num_in, &built);
+      Decide(*shape, built, status, settings);
     }).detach();
   }
 
   void Compile(OpKernelContext* ctx, const std::shared_ptr<Shape>& shape, const TvmdsoopAutoSettings& settings) {
     std::string function, inputs;
-    Status built = Request(ctx, &function, &inputs);
-    const Resolved* fn = nullptr;
-    double seconds = 0;
-    if (built.ok()) built = Build(cluster_, function, inputs, ctx->num_inputs(), &fn, &seconds);
-    Decide(*shape, fn, seconds, built, settings);
+    Status status = Request(ctx, &function, &inputs);
+    Built built;
+    if (status.ok()) status = Build(cluster_, function, inputs, num_args_, &built);
+    Decide(*shape, built, status, settings);
   }
+
+  // Loads the shape's library compiled ahead, from the path its `libraries`
+  // input gives (the SavedModel's asset): it runs TVM's code from then on, as
+  // it was timed against TF when it was compiled.
+  void LoadAhead(OpKernelContext* ctx, const std::shared_ptr<Shape>& shape) {
+    const Tensor& path = ctx->input(num_args_ + shape->ahead);
+    Built built;
+    Status status = errors::InvalidArgument("TVMDSOOpCluster ", cluster_, ": library ", shape->ahead,
+                                            " must be a scalar string (a path), got a ",
+                                            tensorflow::DataTypeString(path.dtype()), " of shape ",
+                                            path.shape().DebugString());
+    if (path.dtype() == tensorflow::DT_STRING && path.dims() == 0) {
+      built.library = std::string(path.scalar<tensorflow::tstring>()());
+      built.sha256 = library_sha256_[shape->ahead];
+      status = Load(cluster_, num_args_, &built);
+    }
+    std::lock_guard<std::mutex> lock(shape->mu);
+    if (status.ok()) {
+      shape->fn = built.fn;
+      shape->library = built.library;
+      shape->sha256 = built.sha256;
+      shape->state = Shape::State::kTVM;
+      Report(*shape, "tvm", "");
+    } else {
+      shape->state = Shape::State::kTF;
+      Report(*shape, "tf", absl::StrCat("its library compiled ahead does not load: ", status.message()));
+    }
+    shape->compiled.notify_all();
+  }
+
+  // What a compile made: the library, and the function loaded from it.
+  struct Built {
+    std::string library, sha256;
+    int64_t flops = 0;
+    double seconds = 0;
+    const Resolved* fn = nullptr;
+  };
 
   // Has Go compile the part (or find it in the cache) and load the library.
   static Status Build(const std::string& cluster, const std::string& function, const std::string& inputs,
-                      int num_in, const Resolved** out, double* seconds) {
+                      int num_in, Built* built) {
     const Clock::time_point start = Clock::now();
     char* lib_path = nullptr;
     char* sha256 = nullptr;
     char* message = nullptr;
+    long long flops = 0;  // NOLINT(runtime/int): cgo's type for C.longlong
     const int code = tvmdsoopAutoCompile(const_cast<char*>(cluster.c_str()),
                                          const_cast<char*>(function.data()), function.size(),
-                                         const_cast<char*>(inputs.c_str()), &lib_path, &sha256, &message);
-    *seconds = std::chrono::duration<double>(Clock::now() - start).count();
+                                         const_cast<char*>(inputs.c_str()), &lib_path, &sha256, &flops, &message);
+    built->seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::unique_ptr<char, decltype(&std::free)> path_owner(lib_path, std::free),
         sha_owner(sha256, std::free), message_owner(message, std::free);
     if (code != 0) return Status(static_cast<absl::StatusCode>(code), message ? message : "unknown error");
+    built->library = lib_path;
+    built->sha256 = sha256;
+    built->flops = flops;
+    return Load(cluster, num_in, built);
+  }
+
+  // Loads built's library, verified against its sha256, and resolves its model's main.
+  static Status Load(const std::string& cluster, int num_in, Built* built) {
     auto r = std::make_unique<Resolved>();
-    r->lib_path = lib_path;
+    r->lib_path = built->library;
     r->where = absl::StrCat("TVMDSOOpCluster ", cluster, ": function 'main' of ", r->lib_path);
     char* resolve_message = nullptr;
-    const int resolved = tvmdsoopResolve(lib_path, const_cast<char*>("main"), sha256, kDLCPU, 0,
+    const int resolved = tvmdsoopResolve(const_cast<char*>(built->library.c_str()), const_cast<char*>("main"),
+                                         const_cast<char*>(built->sha256.c_str()), kDLCPU, 0,
                                          /*allowModels=*/1, &r->target, &resolve_message);
     std::unique_ptr<char, decltype(&std::free)> resolve_owner(resolve_message, std::free);
     if (resolved != 0) {
@@ -256,22 +366,24 @@ class ClusterKernel : public AsyncOpKernel {
                     absl::StrCat(r->where, ": ", resolve_message ? resolve_message : "unknown error"));
     }
     if (r->target.pool == nullptr || r->target.arity != num_in) {
-      return errors::Internal(r->where, ": expected a model whose main takes ", num_in, " input(s)");
+      return errors::InvalidArgument(r->where, ": expected a model whose main takes ", num_in, " input(s)");
     }
-    *out = internal::Shared(std::move(r));
+    built->fn = internal::Shared(std::move(r));
     return Status();
   }
 
   // What a compile ends in: timing against TF, TVM, or TF with the reason.
-  static void Decide(Shape& shape, const Resolved* fn, double seconds, const Status& built,
-                     const TvmdsoopAutoSettings& settings) {
+  static void Decide(Shape& shape, const Built& built, const Status& status, const TvmdsoopAutoSettings& settings) {
     std::lock_guard<std::mutex> lock(shape.mu);
-    shape.compile_seconds = seconds;
-    if (!built.ok()) {
+    shape.compile_seconds = built.seconds;
+    shape.library = built.library;
+    shape.sha256 = built.sha256;
+    shape.flops = built.flops;
+    if (!status.ok()) {
       shape.state = Shape::State::kTF;
-      Report(shape, "tf", absl::StrCat("the compile failed: ", built.message()));
+      Report(shape, "tf", absl::StrCat("the compile failed: ", status.message()));
     } else {
-      shape.fn = fn;
+      shape.fn = built.fn;
       shape.state = settings.timing_fallback ? Shape::State::kTiming : Shape::State::kTVM;
       Report(shape, settings.timing_fallback ? "timing" : "tvm", "");
     }
@@ -301,15 +413,18 @@ class ClusterKernel : public AsyncOpKernel {
     }
   }
 
+  // Called with shape.mu held, or before the shape is shared.
   static void Report(const Shape& shape, const char* status, const std::string& reason) {
     tvmdsoopAutoShapeEvent(const_cast<char*>(shape.cluster.c_str()), const_cast<char*>(shape.name.c_str()),
-                           const_cast<char*>(status), const_cast<char*>(reason.c_str()), shape.compile_seconds);
+                           const_cast<char*>(status), const_cast<char*>(reason.c_str()), shape.compile_seconds,
+                           const_cast<char*>(shape.library.c_str()), const_cast<char*>(shape.sha256.c_str()),
+                           shape.flops);
   }
 
   void RunTVM(OpKernelContext* ctx, const Resolved& fn) {
     CpuPlacement placement;
     OP_REQUIRES_OK(ctx, placement.Init(ctx));
-    CallReturningFunction(ctx, placement, fn, ctx->num_inputs(), declared_, kAlignment);
+    CallReturningFunction(ctx, placement, fn, num_args_, declared_, kAlignment);
   }
 
   // Runs the part as TF would have, from its function; timing it for `timed`.
@@ -325,8 +440,8 @@ class ClusterKernel : public AsyncOpKernel {
     opts.runner = ctx->runner();
     opts.collective_executor = ctx->collective_executor();
     std::vector<Tensor> args;
-    args.reserve(ctx->num_inputs());
-    for (int i = 0; i < ctx->num_inputs(); ++i) args.push_back(ctx->input(i));
+    args.reserve(num_args_);
+    for (int i = 0; i < num_args_; ++i) args.push_back(ctx->input(i));
     auto* rets = new std::vector<Tensor>();
     const Clock::time_point start = Clock::now();
     lib->Run(opts, handle, args, rets,
@@ -356,7 +471,7 @@ class ClusterKernel : public AsyncOpKernel {
     // A graph TF's grappler rewrote expects TF's later passes (with oneDNN, its
     // layout pass gives _FusedDepthwiseConv2dNative a kernel that computes).
     options.is_multi_device_function = true;
-    options.input_devices.assign(ctx->num_inputs(), ctx->device()->name());
+    options.input_devices.assign(num_args_, ctx->device()->name());
     TF_RETURN_IF_ERROR(lib->Instantiate(function_.name(), tensorflow::AttrSlice(&function_.attr()), options, handle));
     handles_[lib] = *handle;
     return Status();
@@ -364,9 +479,14 @@ class ClusterKernel : public AsyncOpKernel {
 
   NameAttrList function_;
   std::string cluster_;
+  int num_args_ = 0;  // the part's inputs: the op's first; then the libraries compiled ahead
+  std::vector<std::string> library_sha256_, library_shapes_;
   std::vector<PartialTensorShape> declared_;  // unknown: any shape
-  std::mutex mu_;                             // guards shapes_ and handles_
+  // The shape that last ran TVM's code; one of shapes_, which lives as long as the kernel.
+  std::atomic<const Shape*> latest_tvm_{nullptr};
+  std::mutex mu_;  // guards shapes_, compiled_shapes_ and handles_
   std::vector<std::shared_ptr<Shape>> shapes_;
+  int compiled_shapes_ = 0;  // the shapes not compiled ahead
   std::map<FunctionLibraryRuntime*, FunctionLibraryRuntime::Handle> handles_;
 };
 

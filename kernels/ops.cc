@@ -196,11 +196,15 @@ inplace: empty, or for each output the input whose buffer it may be written over
 // optimising a graph (a compile), nor merge two of them.
 REGISTER_OP("TVMDSOOpCluster")
     .Input("args: Tin")
+    .Input("libraries: Nlib * string")
     .Output("outputs: Tout")
     .Attr("Tin: list(type) >= 0")
     .Attr("Tout: list(type) >= 1")
     .Attr("function: func")
     .Attr("cluster: string")
+    .Attr("Nlib: int >= 0 = 0")
+    .Attr("library_sha256: list(string) = []")
+    .Attr("library_shapes: list(string) = []")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::UnknownShape)
     .Doc(R"doc(
@@ -210,6 +214,11 @@ was in TF.
 
 function: the part of the graph, as a function of the op's inputs and outputs.
 cluster: the cluster's name in tf_op.auto.report().
+libraries: the paths of libraries compiled ahead (tf_op.auto.convert), one for
+  each input shape of library_shapes, verified against library_sha256. Empty in
+  the clusters the pass makes.
+library_shapes: the input shapes each of libraries was compiled for, as
+  "[1,224,224,3] [64]".
 )doc");
 
 // The interface of TVM 0.7-0.19's op, unchanged, so its GraphDefs and SavedModels load.

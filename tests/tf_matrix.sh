@@ -57,4 +57,5 @@ TVMDSOOP_TVM_PYTHON=$tvm_python \
     tests/python/test_tf_op.py tests/python/test_semantics.py tests/python/test_models.py \
     tests/python/test_properties.py tests/python/test_process.py tests/python/test_serving.py \
     tests/python/test_auto.py \
+    tests/python/test_auto_convert.py \
     -k "not static_archive"

@@ -113,6 +113,14 @@ def take_string(raw: int | None) -> str:
         _libc.free(raw)
 
 
+def take_bytes(raw: int, size: int) -> bytes:
+    """The ``size`` bytes of a malloc'ed buffer the op library returned, freed."""
+    try:
+        return ctypes.string_at(raw, size)
+    finally:
+        _libc.free(raw)
+
+
 def describe(lib_path: str, sha256: str = "") -> dict[str, object]:
     """What the op library sees in a TVM library: ``{"model": bool, "functions":
     [...]}`` (a model's functions), or ``{"error": "..."}`` when it cannot load it.

@@ -24,12 +24,13 @@ import ctypes
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tf_op import _library
 
-__all__ = ["Cluster", "ShapeRecord", "disable", "enable", "report"]
+__all__ = ["Cluster", "ShapeRecord", "convert", "disable", "enable", "report"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class ShapeRecord:
     status: str  #: ``"timing"`` (being timed against TF), ``"tvm"`` or ``"tf"``
     reason: str  #: why it runs TF; empty otherwise
     compile_seconds: float
+    library: str = ""  #: the compiled library's path; empty where none was made
+    sha256: str = ""  #: the library's digest
+    #: the convolutions' and matmuls' FLOPs of the compiled part for this shape
+    #: (a multiply-add is 2); 0 where nothing was compiled
+    flops: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,16 @@ def disable() -> None:
     _configure({"enabled": False, "python": sys.executable})
 
 
+def convert(saved_model_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],
+            example_inputs: Sequence[Any], **options: Any) -> list[Cluster]:
+    """Writes a SavedModel whose TVM-able parts are compiled ahead for the
+    shapes of ``example_inputs``, for servers with no TVM compiler; returns its
+    clusters. ``tf_op.auto_convert.convert`` says more."""
+    from tf_op import auto_convert  # it builds on this module
+
+    return auto_convert.convert(saved_model_dir, output_dir, example_inputs, **options)
+
+
 def report() -> list[Cluster]:
     """The clusters made since the last ``enable()``, in the order made."""
     raw = _library.c_function("TVMDSOOpAutoReport", (), ctypes.c_void_p)()
@@ -101,7 +117,8 @@ def report() -> list[Cluster]:
 
 
 def _cluster(record: dict[str, Any]) -> Cluster:
-    shapes = [ShapeRecord(s["shape"], s["status"], s["reason"], s["compile_seconds"]) for s in record["shapes"]]
+    shapes = [ShapeRecord(s["shape"], s["status"], s["reason"], s["compile_seconds"], s["library"], s["sha256"],
+                          s["flops"]) for s in record["shapes"]]
     return Cluster(record["name"], record["graph"], list(record["ops"] or []), record["status"], record["reason"],
                    record["compile_seconds"], shapes)
 

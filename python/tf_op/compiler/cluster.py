@@ -1,15 +1,17 @@
 """The compile of one tf_op.auto cluster for one input shape, run by the op
 library (auto/compile.go) in a process of its own:
 
-    python -m tf_op.compiler.cluster --name N --function F.pb --inputs JSON [--cache-dir D]
+    python -m tf_op.compiler.cluster --name N --function F.pb --inputs JSON [--cache-dir D] [--target T]
 
 ``F.pb`` is the cluster's FunctionDef as the pass made it (kernels/auto_pass.cc),
 after TF's grappler: its fused ops (``_FusedConv2D`` and the like) are taken
 apart into the ops TF's TFLite converter knows, and the function is traced for
 the inputs' static shapes, then compiled as ``tf_op.compile`` compiles (the
-TFLite converter, the TVM worker, the same cache) for this machine's CPU. The
-answer is the last line: ``tvmdsoop-cluster: {"library": ..., "sha256": ...}``,
-or ``tvmdsoop-cluster-error: "..."`` with why it failed.
+TFLite converter, the TVM worker, the same cache) for this machine's CPU, or
+(``--target portable``, for tf_op.auto.convert) for any x86-64. The answer is the
+last line: ``tvmdsoop-cluster: {"library": ..., "sha256": ..., "flops": ...}``
+(``flops``: the part's convolutions' and matmuls', flops.py), or
+``tvmdsoop-cluster-error: "..."`` with why it failed.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import function_def_to_graph
 
-from tf_op.compiler import cache, tflite_conversion
+from tf_op.compiler import cache, flops, tflite_conversion
 from tf_op.compiler.compiled_function import _library
 from tf_op.compiler.errors import CompileError
-from tf_op.compiler.targets import HOST_TARGET
+from tf_op.compiler.targets import HOST_TARGET, PORTABLE_TARGET
 
 #: The prefixes of the answer's line: the library, or why there is none.
 RESULT_PREFIX = "tvmdsoop-cluster: "
@@ -145,13 +147,14 @@ def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str,
 
 
 def compile_cluster(name: str, fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
-                    cache_dir: str | None) -> tuple[str, str]:
-    """The library of the cluster for these inputs, from the cache or compiled now; and its sha256."""
+                    cache_dir: str | None, target: str = HOST_TARGET) -> dict[str, Any]:
+    """The library of the cluster for these inputs, from the cache or compiled
+    now for ``target``: its path, its sha256 and the part's FLOPs."""
     concrete = concrete_function(fdef, inputs)
     fingerprint = tflite_conversion.fingerprint(concrete)
     lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
-                                HOST_TARGET, 0, cache.folder(cache_dir), name)
-    return str(lib_path), digest
+                                target, 0, cache.folder(cache_dir), name)
+    return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -160,6 +163,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--function", required=True, help="the cluster's serialized FunctionDef")
     parser.add_argument("--inputs", required=True, help='JSON: [{"dtype": TF DataType, "shape": [...]}, ...]')
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--target", default=HOST_TARGET, choices=[HOST_TARGET, PORTABLE_TARGET])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     fdef = function_pb2.FunctionDef()
@@ -167,12 +171,12 @@ def main(argv: Sequence[str]) -> int:
         fdef.ParseFromString(f.read())
     inputs = json.loads(args.inputs)
     try:
-        library, digest = compile_cluster(args.name, fdef, inputs, args.cache_dir)
+        compiled = compile_cluster(args.name, fdef, inputs, args.cache_dir, args.target)
     except Exception as err:  # noqa: BLE001  (each way a cluster fails to compile is one answer: TF runs it)
         logging.getLogger(__package__).debug("compile failed", exc_info=True)
         print(ERROR_PREFIX + json.dumps(f"{type(err).__name__}: {err}"), flush=True)
         return 1
-    print(RESULT_PREFIX + json.dumps({"library": library, "sha256": digest}), flush=True)
+    print(RESULT_PREFIX + json.dumps(compiled), flush=True)
     return 0
 
 
