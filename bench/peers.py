@@ -6,7 +6,9 @@ that cannot take a model gets a skipped cell with the reason, never a failed sec
 Keys, ``p = peers_{model}_b{batch}_``: ``p{engine}_us`` (median over rounds), ``p{engine}_vs_tf`` (TF's
 time / the engine's in each round, median and quartiles), ``p{engine}_err`` (max |engine - TF| / max |TF|),
 ``p{engine}_first_s`` (seconds to the first output: trace, convert or compile, load, one call),
-``p{engine}_skipped`` (why there is no figure).
+``p{engine}_skipped`` (why there is no figure); for tf_op.auto, ``pauto_clusters`` (each cluster's status and
+size) and ``pauto_tvm_flops_share`` (the share of the model's convolution and matmul FLOPs in clusters kept on
+TVM).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tensorflow as tf
 import tf_op
 from common import PEERS_CACHE, PEERS_MODELS, PEERS_TOLERANCE, ROOT, TVM_BESIDE_TF, Results
 from timing import interleave, quartiles
+from tf_op.compiler import flops
 from tf_op.compiler.tflite_conversion import to_tflite  # tf_op's own converter settings, so TFLite runs what TVM gets
 
 THREADS = len(os.sched_getaffinity(0))
@@ -152,6 +155,11 @@ def auto_engine(model: keras.Model, spec: list[tf.TensorSpec], x: tf.Tensor, out
         graph(x)
     clusters = tf_op.auto.report()
     out[f"{prefix}auto_clusters"] = ", ".join(f"{c.status} ({len(c.ops)} ops)" for c in clusters) or "none"
+    # The share of the model's convolution and matmul work that runs on TVM:
+    # the kept shapes' parts against the model's traced graph, by one count.
+    total = flops.conv_matmul_flops(graph.get_concrete_function().graph)
+    on_tvm = sum(s.flops for c in clusters for s in c.shape_records if s.status == "tvm")
+    out[f"{prefix}auto_tvm_flops_share"] = on_tvm / total if total else 0.0
     return functools.partial(graph, x)
 
 

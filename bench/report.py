@@ -188,6 +188,22 @@ def peers_part(r: Results) -> list[str]:
         table(header, [[label, *(first(p, e) for e in engines)] for label, p in rows]),
         f"Max |engine − TF| / max |TF| (bold: over {PEERS_TOLERANCE:g})",
         table(header[:1] + header[2:], [[label, *(error(p, e) for e in engines[1:])] for label, p in rows]),
+        *auto_part(r, rows),
+    ]
+
+
+def auto_part(r: Results, rows: list[tuple[str, str]]) -> list[str]:
+    """tf_op.auto's clusters in the peers run: what became of each, and the share of the model's
+    convolution and matmul FLOPs that ran on TVM."""
+    kept = [(label, p) for label, p in rows if f"{p}auto_clusters" in r]
+    if not kept:
+        return []
+    return [
+        "tf_op.auto: its clusters (status, ops each) and the share of the model's convolution and matmul FLOPs "
+        "in clusters kept on TVM",
+        table(["model", "clusters", "FLOPs on TVM"],
+              [[label, str(r[f"{p}auto_clusters"]), f"{float(r.get(f'{p}auto_tvm_flops_share', 0.0)):.0%}"]
+               for label, p in kept]),
     ]
 
 
