@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -81,6 +82,51 @@ func TestCompileWithoutPython(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoPython)
 }
 
+// fakePython writes a shell script that stands in for the worker's Python.
+func fakePython(t *testing.T, script string) string {
+	python := filepath.Join(t.TempDir(), "python")
+	require.NoError(t, os.WriteFile(python, []byte("#!/bin/sh\n"+script+"\n"), 0o755))
+	return python
+}
+
+// A worker answers request after request, and goes when idle for workerIdle.
+func TestTheWorkerStaysForTheNextCompilesThenGoes(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log")
+	python := fakePython(t, `echo start >> `+log+`
+		while read -r request; do echo 'tvmdsoop-cluster: {"library": "/l.so", "sha256": "33"}'; done
+		echo end >> `+log)
+	saved := workerIdle
+	workerIdle = 300 * time.Millisecond
+	t.Cleanup(func() { workerIdle = saved })
+	o := DefaultOptions()
+	o.Python = python
+	for i := 0; i < 3; i++ {
+		got, err := Compile("cluster_0", []byte("function"), nil, o)
+		require.NoError(t, err)
+		assert.Equal(t, Compiled{Library: "/l.so", SHA256: "33"}, got)
+	}
+	started, _ := os.ReadFile(log)
+	assert.Equal(t, "start\n", string(started), "one worker for the three compiles")
+	assert.Eventually(t, func() bool {
+		ended, _ := os.ReadFile(log)
+		return string(ended) == "start\nend\n"
+	}, 5*time.Second, 50*time.Millisecond, "the idle worker was let go")
+}
+
+// A worker that ended after an answer is replaced at the next compile.
+func TestAWorkerThatEndedIsReplaced(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log")
+	python := fakePython(t, `echo start >> `+log+`; echo 'tvmdsoop-cluster: {"library": "/m.so", "sha256": "44"}'`)
+	o := DefaultOptions()
+	o.Python = python
+	for i := 0; i < 2; i++ {
+		_, err := Compile("cluster_0", []byte("function"), nil, o)
+		require.NoError(t, err)
+	}
+	started, _ := os.ReadFile(log)
+	assert.Equal(t, "start\nstart\n", string(started))
+}
+
 // A worker that is a shell script, standing in for the Python: what Compile
 // makes of its answer, its silence and its timeout.
 func TestCompileRunsTheWorker(t *testing.T) {
@@ -98,14 +144,15 @@ func TestCompileRunsTheWorker(t *testing.T) {
 		{"pass left on", `[ -z "${TVMDSOOP_AUTO:-}" ] || { echo 'tvmdsoop-cluster-error: "recursion"'; exit 1; }
 			echo 'tvmdsoop-cluster: {"library": "/y.so", "sha256": "11"}'`, 10, Compiled{Library: "/y.so", SHA256: "11"}, ""},
 		{"timeout", `sleep 5`, 0.2, Compiled{}, "longer than 0.2s"},
-		{"target", `case "$*" in *"--target portable"*) ;; *) exit 1;; esac
+		{"target", `read -r request; case "$request" in *'"target":"portable"'*) ;; *) exit 1;; esac
 			echo 'tvmdsoop-cluster: {"library": "/p.so", "sha256": "22"}'`, 10, Compiled{Library: "/p.so", SHA256: "22"}, ""},
+		{"an answer that is no library", `echo 'tvmdsoop-cluster: {"library": "/q.so"}'`, 10, Compiled{},
+			"answered what is not a library"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(EnableEnv, "1")
-			python := filepath.Join(t.TempDir(), "python")
-			require.NoError(t, os.WriteFile(python, []byte("#!/bin/sh\n"+tt.script+"\n"), 0o755))
+			python := fakePython(t, tt.script)
 			o := DefaultOptions()
 			o.Python, o.CompileTimeoutSeconds, o.Target = python, tt.timeout, TargetPortable
 			got, err := Compile("cluster_0", []byte("function"), []Input{{DType: 1, Shape: []int64{2, 3}}}, o)

@@ -1,16 +1,12 @@
 package auto
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 )
 
 // ErrNoPython is a compile with no Python to run it: the program loaded the op
@@ -43,8 +39,8 @@ const stderrTailLines = 20
 
 // Compile has the Python of o compile cluster's function (a serialized
 // FunctionDef) for these inputs, or find it in the compile cache, and returns
-// the library. The worker runs with the pass off (no TVMDSOOP_AUTO), in its own
-// process group, killed whole past o's timeout.
+// the library. The compile worker (worker.go) is kept for the next compiles,
+// and killed past o's timeout.
 func Compile(cluster string, function []byte, inputs []Input, o Options) (Compiled, error) {
 	python := o.Python
 	if python == "" {
@@ -62,35 +58,24 @@ func Compile(cluster string, function []byte, inputs []Input, o Options) (Compil
 	if err := os.WriteFile(functionPath, function, 0o600); err != nil {
 		return Compiled{}, err
 	}
-	spec, err := json.Marshal(inputs)
+	request, err := json.Marshal(map[string]any{"name": cluster, "function": functionPath, "inputs": inputs,
+		"cache_dir": o.CacheDir, "target": o.Target})
 	if err != nil {
 		return Compiled{}, err
 	}
-	args := []string{"-m", "tf_op.compiler.cluster", "--name", cluster, "--function", functionPath, "--inputs", string(spec)}
-	if o.CacheDir != "" {
-		args = append(args, "--cache-dir", o.CacheDir)
-	}
-	if o.Target != "" {
-		args = append(args, "--target", o.Target)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.compileTimeout())
-	defer cancel()
-	cmd := exec.CommandContext(ctx, python, args...)
-	cmd.Env = workerEnv(os.Environ())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	runErr := cmd.Run()
-	if ctx.Err() != nil {
+	line, err := askWorker(python, request, o.compileTimeout())
+	if errors.Is(err, errTimeout) {
 		return Compiled{}, fmt.Errorf("the compile took longer than %gs (compile_timeout_s)", o.CompileTimeoutSeconds)
 	}
-	result, failure, found := parseAnswer(out.String())
+	if err != nil {
+		return Compiled{}, err
+	}
+	result, failure, found := parseAnswer(line)
 	switch {
 	case failure != "":
 		return Compiled{}, errors.New(failure)
-	case runErr != nil || !found:
-		return Compiled{}, fmt.Errorf("%s -m tf_op.compiler.cluster failed (%v):\n%s", python, runErr, tail(out.String()))
+	case !found:
+		return Compiled{}, fmt.Errorf("%s -m tf_op.compiler.cluster answered what is not a library: %q", python, line)
 	}
 	return result, nil
 }

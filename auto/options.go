@@ -102,7 +102,8 @@ var (
 )
 
 // Configure replaces the options. Turning the pass on (again) starts a new
-// report: report() lists the clusters made since the last enable().
+// report: report() lists the clusters made since the last enable(); turning it
+// off lets the compile worker go.
 func Configure(o Options) error {
 	if err := o.Validate(); err != nil {
 		return err
@@ -111,6 +112,8 @@ func Configure(o Options) error {
 	defer mu.Unlock()
 	if o.Enabled {
 		resetReport()
+	} else {
+		go stopWorker() // after the compile that may be running
 	}
 	current = o
 	return nil

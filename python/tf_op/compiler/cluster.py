@@ -1,27 +1,34 @@
-"""The compile of one tf_op.auto cluster for one input shape, run by the op
-library (auto/compile.go) in a process of its own:
+"""The compiles of tf_op.auto's clusters, run by the op library
+(auto/worker.go) in a process of its own, kept for the next compiles:
 
-    python -m tf_op.compiler.cluster --name N --function F.pb --inputs JSON [--cache-dir D] [--target T]
+    python -m tf_op.compiler.cluster
+
+reads one request a line on stdin, ``{"name": N, "function": F.pb, "inputs":
+[{"dtype": TF DataType, "shape": [...]}, ...], "cache_dir": D, "target": T}``,
+and answers each with one line on stdout (everything else it and TF print goes
+to stderr); it ends at the end of stdin.
 
 ``F.pb`` is the cluster's FunctionDef as the pass made it (kernels/auto_pass.cc),
 after TF's grappler: its fused ops (``_FusedConv2D`` and the like) are taken
 apart into the ops TF's TFLite converter knows, and the function is traced for
 the inputs' static shapes, then compiled as ``tf_op.compile`` compiles (the
 TFLite converter, the TVM worker, the same cache) for this machine's CPU, or
-(``--target portable``, for tf_op.auto.convert) for any x86-64. The answer is the
-last line: ``tvmdsoop-cluster: {"library": ..., "sha256": ..., "flops": ...}``
-(``flops``: the part's convolutions' and matmuls', flops.py), or
-``tvmdsoop-cluster-error: "..."`` with why it failed.
+(``"target": "portable"``, for tf_op.auto.convert) for any x86-64. The answer is
+``tvmdsoop-cluster: {"library": ..., "sha256": ..., "flops": ...}`` (``flops``:
+the part's convolutions' and matmuls', flops.py), or ``tvmdsoop-cluster-error:
+"..."`` with why it failed. A process that stays saves each compile after the
+first the start of Python and TensorFlow (about 3 s): a cache hit then takes
+the tracing only.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
@@ -30,7 +37,7 @@ from tensorflow.python.framework import function_def_to_graph
 from tf_op.compiler import cache, flops, tflite_conversion
 from tf_op.compiler.compiled_function import _library
 from tf_op.compiler.errors import CompileError
-from tf_op.compiler.targets import HOST_TARGET, PORTABLE_TARGET
+from tf_op.compiler.targets import HOST_TARGET
 
 #: The prefixes of the answer's line: the library, or why there is none.
 RESULT_PREFIX = "tvmdsoop-cluster: "
@@ -157,28 +164,37 @@ def compile_cluster(name: str, fdef: function_pb2.FunctionDef, inputs: Sequence[
     return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tf_op.compiler.cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", required=True, help="the cluster's name, for messages")
-    parser.add_argument("--function", required=True, help="the cluster's serialized FunctionDef")
-    parser.add_argument("--inputs", required=True, help='JSON: [{"dtype": TF DataType, "shape": [...]}, ...]')
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--target", default=HOST_TARGET, choices=[HOST_TARGET, PORTABLE_TARGET])
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    fdef = function_pb2.FunctionDef()
-    with open(args.function, "rb") as f:
-        fdef.ParseFromString(f.read())
-    inputs = json.loads(args.inputs)
+def answer(request: dict[str, Any]) -> str:
+    """The answer line to one request."""
     try:
-        compiled = compile_cluster(args.name, fdef, inputs, args.cache_dir, args.target)
+        with open(request["function"], "rb") as f:
+            fdef = function_pb2.FunctionDef.FromString(f.read())
+        compiled = compile_cluster(request["name"], fdef, request["inputs"], request.get("cache_dir") or None,
+                                   request.get("target") or HOST_TARGET)
     except Exception as err:  # noqa: BLE001  (each way a cluster fails to compile is one answer: TF runs it)
         logging.getLogger(__package__).debug("compile failed", exc_info=True)
-        print(ERROR_PREFIX + json.dumps(f"{type(err).__name__}: {err}"), flush=True)
-        return 1
-    print(RESULT_PREFIX + json.dumps(compiled), flush=True)
+        return ERROR_PREFIX + json.dumps(f"{type(err).__name__}: {err}")
+    return RESULT_PREFIX + json.dumps(compiled)
+
+
+def serve(requests: TextIO, answers: TextIO) -> None:
+    """Answers each request line of ``requests`` on ``answers``, to their end."""
+    for line in requests:
+        if line.strip():
+            answers.write(answer(json.loads(line)) + "\n")
+            answers.flush()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    # The answers alone on stdout: what else writes there (TF's and TVM's own
+    # prints, from Python or C++) goes to stderr.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin, answers)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
