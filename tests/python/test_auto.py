@@ -10,6 +10,8 @@ called eagerly), and the report says where each cluster ran.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,6 +161,38 @@ def test_disable_sends_the_clusters_back_to_tf(auto_cache: Path) -> None:
     np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
     [cluster] = tf_op.auto.report()
     assert len(cluster.shape_records) == 1, cluster.shape_records
+
+
+def test_a_corrupted_cache_entry_is_compiled_again(tmp_path: Path) -> None:
+    """A library in the cache that no longer matches its recorded digest is
+    compiled again (by the next process, which finds the same entry)."""
+    script = textwrap.dedent("""
+        import json, numpy as np, tensorflow as tf, keras
+        import tf_op
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3, activation="relu"),
+                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+        x = np.random.default_rng(0).random((2, 16, 16, 3), dtype=np.float32)
+        tf_op.auto.enable(cache_dir=%r, timing_fallback=False)
+        y = tf.function(lambda t: model(t, training=False))(x)
+        np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
+        [cluster] = tf_op.auto.report()
+        [shape] = cluster.shape_records
+        print(json.dumps([shape.status, shape.reason, shape.library, shape.sha256]))
+    """ % str(tmp_path / "cache"))
+
+    def run() -> list[str]:
+        result = run_python(script)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    status, reason, library, _ = run()
+    assert status == "tvm", reason
+    Path(library).write_bytes(b"\x7fELF" + bytes(64))  # what a full disk or a careless hand may leave
+    status, reason, again, digest = run()
+    assert status == "tvm", reason
+    assert again == library, "the same entry"
+    assert hashlib.sha256(Path(library).read_bytes()).hexdigest() == digest, "compiled again, whole"
 
 
 def test_functions_given_to_xla_are_left_to_xla(auto_cache: Path) -> None:
