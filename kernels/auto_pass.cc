@@ -292,10 +292,20 @@ Status PlanCluster(const Graph& g, const std::vector<int>& ids, const std::vecto
     }
   }
   if (plan->outputs.empty()) return errors::InvalidArgument("the cluster's results are not used");
+  // Inputs, outputs and the function's nodes in the order of their names, not
+  // of the graph's node ids: the same part of the same model, traced again or
+  // in another process, makes the same function, and so hits the same compile
+  // cache entry.
+  auto by_name = [](const OutputTensor& a, const OutputTensor& b) {
+    return std::make_pair(a.node->name(), a.index) < std::make_pair(b.node->name(), b.index);
+  };
+  std::sort(plan->inputs.begin(), plan->inputs.end(), by_name);
+  std::sort(plan->outputs.begin(), plan->outputs.end(), by_name);
   plan->device = plan->nodes.front()->assigned_device_name();
   plan->id = absl::StrCat(naming.prefix, next_cluster.fetch_add(1));
   std::vector<const Node*> body(plan->constants.begin(), plan->constants.end());
   body.insert(body.end(), plan->nodes.begin(), plan->nodes.end());
+  std::sort(body.begin(), body.end(), [](const Node* a, const Node* b) { return a->name() < b->name(); });
   std::vector<std::string> output_names;
   for (size_t i = 0; i < plan->outputs.size(); ++i) output_names.push_back(absl::StrCat("output_", i));
   TF_RETURN_IF_ERROR(tensorflow::GraphToFunctionDef(

@@ -163,6 +163,22 @@ def test_disable_sends_the_clusters_back_to_tf(auto_cache: Path) -> None:
     assert len(cluster.shape_records) == 1, cluster.shape_records
 
 
+def test_the_same_model_traced_again_hits_the_cache(auto_cache: Path) -> None:
+    """Each trace makes a cluster of its own; their functions are the same
+    (inputs, outputs and nodes in the order of their names, whatever the
+    graph's node ids), so the second compile finds the first's library."""
+    model = _cnn()
+    x = _images(2)
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    for _ in range(2):
+        run = tf.function(lambda t: model(t, training=False))
+        np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
+    first, second = tf_op.auto.report()
+    assert first.status == second.status == "tvm", (first.reason, second.reason)
+    assert first.shape_records[0].library == second.shape_records[0].library
+    assert len(list(auto_cache.glob("*.so"))) == 1
+
+
 def test_a_corrupted_cache_entry_is_compiled_again(tmp_path: Path) -> None:
     """A library in the cache that no longer matches its recorded digest is
     compiled again (by the next process, which finds the same entry)."""
