@@ -108,10 +108,15 @@ def test_gradient_of_the_inputs_names_the_compiled_function(fast: CompiledFuncti
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
-def test_other_variables_train_behind_stop_gradient(model: keras.Model, fast: CompiledFunction, mode: str) -> None:
-    """A head trained on the compiled function's output: without tf.stop_gradient
-    the gradient reaches the compiled function (an error naming the way out);
-    with it, the head's gradients are plain TF's on the original model's output."""
+def test_other_variables_train_behind_stop_gradient_or_a_frozen_model(model: keras.Model, fast: CompiledFunction,
+                                                                       mode: str) -> None:
+    """A head trained on the compiled function's output: TF's tape runs the
+    backward of every op on the way, asked for the head's variables or not, so
+    the gradient reaches the compiled function (an error naming the way out)
+    unless tf.stop_gradient keeps it off, or the model is frozen the Keras way
+    (``trainable = False``, which leaves its tf.Variables trainable for TF's
+    tapes). Either way the head's gradients are plain TF's on the original
+    model's output."""
     head, x = _head(), _x()
 
     def step(stop: bool) -> Callable[[tf.Tensor], list[tf.Tensor | None]]:
@@ -122,10 +127,19 @@ def test_other_variables_train_behind_stop_gradient(model: keras.Model, fast: Co
             return tape.gradient(loss, head.trainable_variables)
         return _in_mode(mode, grads)
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match=FROZEN):
-        step(stop=False)(x)
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(head(model(x, training=False)) ** 2)
     expected = tape.gradient(loss, head.trainable_variables)
-    for got, want in zip(step(stop=True)(x), expected):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
+
+    def check(got: list[tf.Tensor | None]) -> None:
+        for g, want in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=FROZEN):
+        step(stop=False)(x)
+    check(step(stop=True)(x))
+    model.trainable = False
+    try:
+        check(step(stop=False)(x))
+    finally:
+        model.trainable = True

@@ -30,12 +30,15 @@ logger = logging.getLogger(__package__)
 class _Compiled:
     """One static input shape's library, the op that runs it, how to pack its
     flat outputs into the original function's structure, and the trainable
-    variables the library holds as constants."""
+    variables the library holds as constants, each with what says whether it
+    trains now: its Keras variable (``layer.trainable = False`` clears that
+    flag, not the one of the tf.Variable under it, which TF's tapes read), or
+    the tf.Variable itself."""
 
     lib_path: Path
     func: Func
     structure: Any
-    variables: tuple[tf.Variable, ...]
+    variables: tuple[tuple[tf.Variable, Any], ...]
 
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -44,11 +47,12 @@ Shapes = tuple[tuple[int, ...], ...]
 @dataclass
 class _State:
     """What CompiledFunction keeps out of TF's tracking: the original function
-    (saving it would save the model's weights a second time, beside the compiled
-    libraries) and the libraries by input shape (tuple keys, which trackable
-    dicts refuse)."""
+    and Keras layer (saving them would save the model's weights a second time,
+    beside the compiled libraries) and the libraries by input shape (tuple keys,
+    which trackable dicts refuse)."""
 
     fn: Any
+    layer: keras.Layer | None
     name: str
     input_signature: list[tf.TensorSpec]
     target: Target
@@ -71,8 +75,8 @@ class CompiledFunction(tf.Module):
                  target: Target, cache_dir: Path, trials: int = 0) -> None:
         super().__init__(name=None)
         name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-        self._state = _State(tf.function(_traceable(fn)), name, [tf.TensorSpec.from_spec(s) for s in input_signature],
-                             target, cache_dir, trials)
+        self._state = _State(tf.function(_traceable(fn)), fn if isinstance(fn, keras.Layer) else None, name,
+                             [tf.TensorSpec.from_spec(s) for s in input_signature], target, cache_dir, trials)
         # Tracked: the compiled functions and, through them, their libraries.
         self._funcs: list[Func] = []
 
@@ -158,7 +162,8 @@ class CompiledFunction(tf.Module):
         once, but an optimizer's update never reaches the constants the library
         runs, and its gradient function would capture variables a SavedModel of
         the library does not hold."""
-        frozen = list({v.ref(): v for c in list(self._state.compiled.values()) for v in c.variables}.values())
+        frozen = list({id(v): v for c in list(self._state.compiled.values())
+                       for v, trains in c.variables if trains.trainable}.values())
         for v in frozen:
             # What a read of it does for the tapes, without the read: they watch
             # it, and its handle is an input of the recorded call.
@@ -255,7 +260,9 @@ class CompiledFunction(tf.Module):
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
             output_dtypes=[out.dtype for out in flat_outputs], device=targets.device(state.target))
         logger.info("loaded %s in %.2f s", lib_path, time.perf_counter() - start)
-        return _Compiled(lib_path, func, concrete.structured_outputs, tuple(concrete.trainable_variables))
+        keras_variables = {id(v.value): v for v in state.layer.variables} if state.layer else {}
+        variables = tuple((v, keras_variables.get(id(v), v)) for v in concrete.trainable_variables)
+        return _Compiled(lib_path, func, concrete.structured_outputs, variables)
 
     def __repr__(self) -> str:
         return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
