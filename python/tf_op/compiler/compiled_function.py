@@ -283,8 +283,8 @@ def _no_gradient_message(name: str, variables: Sequence[tf.Variable]) -> str:
     return (f"tf_op.compile({name}) has no gradient: TVM compiled it with {frozen} frozen into the library as "
             "constants, so they get no gradient from it (an update to them would not change what it computes), "
             "nor do its inputs. To train them, call the original function under the tape (and compile it again "
-            "after training); to train other variables on its outputs, stop the gradient there: "
-            "tf.stop_gradient(compiled(x)).")
+            "after training); to train other variables on its outputs, stop the gradient there, "
+            "tf.stop_gradient(compiled(x)), or freeze a Keras model the Keras way: model.trainable = False.")
 
 
 def _library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, cache_dir: Path,
