@@ -4,6 +4,7 @@ inputs whose shape is known only when the graph runs."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -14,6 +15,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.python.eager import record  # whether a tape records: TF has no public way to ask
+from tensorflow.python.ops import resource_variable_ops
 
 from tf_op.compiler import cache, targets, tflite_conversion, worker
 from tf_op.compiler.errors import CompileError
@@ -25,12 +28,17 @@ logger = logging.getLogger(__package__)
 
 @dataclass(frozen=True)
 class _Compiled:
-    """One static input shape's library, the op that runs it, and how to pack
-    its flat outputs into the original function's structure."""
+    """One static input shape's library, the op that runs it, how to pack its
+    flat outputs into the original function's structure, and the trainable
+    variables the library holds as constants, each with what says whether it
+    trains now: its Keras variable (``layer.trainable = False`` clears that
+    flag, not the one of the tf.Variable under it, which TF's tapes read), or
+    the tf.Variable itself."""
 
     lib_path: Path
     func: Func
     structure: Any
+    variables: tuple[tuple[tf.Variable, Any], ...]
 
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -39,11 +47,12 @@ Shapes = tuple[tuple[int, ...], ...]
 @dataclass
 class _State:
     """What CompiledFunction keeps out of TF's tracking: the original function
-    (saving it would save the model's weights a second time, beside the compiled
-    libraries) and the libraries by input shape (tuple keys, which trackable
-    dicts refuse)."""
+    and Keras layer (saving them would save the model's weights a second time,
+    beside the compiled libraries) and the libraries by input shape (tuple keys,
+    which trackable dicts refuse)."""
 
     fn: Any
+    layer: keras.Layer | None
     name: str
     input_signature: list[tf.TensorSpec]
     target: Target
@@ -66,8 +75,8 @@ class CompiledFunction(tf.Module):
                  target: Target, cache_dir: Path, trials: int = 0) -> None:
         super().__init__(name=None)
         name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-        self._state = _State(tf.function(_traceable(fn)), name, [tf.TensorSpec.from_spec(s) for s in input_signature],
-                             target, cache_dir, trials)
+        self._state = _State(tf.function(_traceable(fn)), fn if isinstance(fn, keras.Layer) else None, name,
+                             [tf.TensorSpec.from_spec(s) for s in input_signature], target, cache_dir, trials)
         # Tracked: the compiled functions and, through them, their libraries.
         self._funcs: list[Func] = []
 
@@ -95,8 +104,11 @@ class CompiledFunction(tf.Module):
         tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
         if all(shape.is_fully_defined() for shape in shapes):
-            return self._run(self.compile_for(tuple(tuple(s.as_list()) for s in shapes)), tensors)
-        return self._dispatch(tensors, shapes)
+            run = functools.partial(self._run, self.compile_for(tuple(tuple(s.as_list()) for s in shapes)))
+        else:
+            run = functools.partial(self._dispatch, shapes=shapes)
+        # Under no tape (inference, eager or traced) the op runs alone.
+        return self._recorded(run, tensors) if record.could_possibly_record() else run(tensors)
 
     def batch_shapes(self, batch: int) -> Shapes:
         """The input shapes for batch size ``batch``: the signature with its
@@ -137,6 +149,42 @@ class CompiledFunction(tf.Module):
     @staticmethod
     def _run(compiled: _Compiled, tensors: Sequence[tf.Tensor]) -> Any:
         return tf.nest.pack_sequence_as(compiled.structure, list(compiled.func(*tensors)))
+
+    def _recorded(self, run: Callable[[list[tf.Tensor]], Any], tensors: list[tf.Tensor]) -> Any:
+        """``run(tensors)`` for a tape: a gradient that reaches it, for the inputs or
+        for the variables the libraries froze, is an error that says why. Without
+        this the variables, which the op does not read, would get a silent None (an
+        optimizer would skip them), and the inputs TVMDSOOp's error about
+        Module.func(grad=). Around the dispatch among shapes too, not in its
+        branches, whose gradient could not take the variables' handles.
+
+        Not a real gradient: TF's gradient of the original function would be right
+        once, but an optimizer's update never reaches the constants the library
+        runs, and its gradient function would capture variables a SavedModel of
+        the library does not hold."""
+        frozen = list({id(v): v for c in list(self._state.compiled.values())
+                       for v, trains in c.variables if trains.trainable}.values())
+        for v in frozen:
+            # What a read of it does for the tapes, without the read: they watch
+            # it, and its handle is an input of the recorded call.
+            resource_variable_ops.variable_accessed(v)
+
+        @tf.custom_gradient
+        def call(*inputs: tf.Tensor) -> tuple[Any, Callable[..., list[tf.Tensor | None]]]:
+            def grad(*upstream: tf.Tensor) -> list[tf.Tensor | None]:
+                message = _no_gradient_message(self._state.name, frozen)
+                if tf.executing_eagerly():
+                    raise tf.errors.InvalidArgumentError(None, None, message)
+                # In a graph, an error when the gradient runs, not when it is built:
+                # TF builds the backward function of a tf.function called under a
+                # tape with its forward pass, and a SavedModel traces it to save it.
+                with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+                    return ([tf.zeros_like(x) if x.dtype.is_floating else None for x in inputs[:len(tensors)]]
+                            + [tf.zeros(v.shape, v.dtype) for v in frozen])
+
+            return run(list(inputs[:len(tensors)])), grad
+
+        return call(*tensors, *(v.handle for v in frozen))
 
     def _dispatch(self, tensors: list[tf.Tensor], shapes: list[tf.TensorShape]) -> Any:
         """Inputs whose shape is known only when the graph runs (a function traced
@@ -212,7 +260,9 @@ class CompiledFunction(tf.Module):
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
             output_dtypes=[out.dtype for out in flat_outputs], device=targets.device(state.target))
         logger.info("loaded %s in %.2f s", lib_path, time.perf_counter() - start)
-        return _Compiled(lib_path, func, concrete.structured_outputs)
+        keras_variables = {id(v.value): v for v in state.layer.variables} if state.layer else {}
+        variables = tuple((v, keras_variables.get(id(v), v)) for v in concrete.trainable_variables)
+        return _Compiled(lib_path, func, concrete.structured_outputs, variables)
 
     def __repr__(self) -> str:
         return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
@@ -225,6 +275,16 @@ def _traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     if isinstance(fn, keras.Layer):
         return lambda *args: fn(*args, training=False)
     return getattr(fn, "python_function", fn)
+
+
+def _no_gradient_message(name: str, variables: Sequence[tf.Variable]) -> str:
+    listed = ", ".join(v.name.removesuffix(":0") for v in variables[:6]) + (", ..." if len(variables) > 6 else "")
+    frozen = f"its {len(variables)} trainable variables ({listed})" if variables else "its variables"
+    return (f"tf_op.compile({name}) has no gradient: TVM compiled it with {frozen} frozen into the library as "
+            "constants, so they get no gradient from it (an update to them would not change what it computes), "
+            "nor do its inputs. To train them, call the original function under the tape (and compile it again "
+            "after training); to train other variables on its outputs, stop the gradient there, "
+            "tf.stop_gradient(compiled(x)), or freeze a Keras model the Keras way: model.trainable = False.")
 
 
 def _library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, cache_dir: Path,
