@@ -188,9 +188,10 @@ class ClusterKernel : public AsyncOpKernel {
         return;
       }
       case Shape::State::kTiming: {
-        // TF's runs first, then TVM's; a call beyond those handed out runs TF
-        // until the last timed run decides.
-        if (shape->tf_runs <= kTimedRuns) {
+        // TF and TVM in turns, so that what else loads the machine weighs on
+        // both alike; a call beyond those handed out runs TF until the last
+        // timed run decides.
+        if (shape->tf_runs <= kTimedRuns && shape->tf_runs <= shape->tvm_runs) {
           ++shape->tf_runs;
           lock.unlock();
           RunTF(ctx, std::move(done), shape);

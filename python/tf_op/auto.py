@@ -76,7 +76,7 @@ def enable(*, min_cluster_size: int = 2, timing_fallback: bool = True, cache_dir
       min_cluster_size: the fewest ops a cluster may have (constants and
         identities not counted); smaller parts stay TF's.
       timing_fallback: time each compiled shape against TF on its first runs
-        (six calls of each) and keep TF where TVM's code is slower, so that no
+        (six calls of each, in turns) and keep TF where TVM's code is slower, so that no
         graph runs slower with the pass on. ``False`` keeps TVM regardless.
       cache_dir: the compile cache, as ``tf_op.compile``'s: default
         ``$TVMDSOOP_CACHE_DIR``, else ``~/.cache/tvmdsoop``.

@@ -127,7 +127,7 @@ def test_a_compiled_shape_is_timed_against_tf_before_it_is_kept(auto_cache: Path
     expected = model(x, training=False).numpy()
     tf_op.auto.enable(cache_dir=auto_cache)
     run = tf.function(lambda t: model(t, training=False))
-    # Six timed runs of TF, then six of TVM's code (one of each warms up).
+    # Six timed runs of TF and six of TVM's code, in turns (one of each warms up).
     for _ in range(11):
         np.testing.assert_allclose(run(x).numpy(), expected, rtol=RTOL, atol=ATOL)
     [cluster] = tf_op.auto.report()
