@@ -14,14 +14,16 @@ import (
 	tf "github.com/wamuir/graft/tensorflow"
 	"github.com/wamuir/graft/tensorflow/op"
 
+	"github.com/tvmdsoop/tvmdsoop/auto"
 	"github.com/tvmdsoop/tvmdsoop/internal/testenv"
 	"github.com/tvmdsoop/tvmdsoop/tfbridge"
 )
 
 // testLib is tests/modules' testfuncs.so; savedModelDir a SavedModel exported
 // from Python with tf_op (tests/modules/export_saved_model.py); modelsDir the
-// whole models of tests/modules/build_models.py.
-var testLib, savedModelDir, modelsDir string
+// whole models of tests/modules/build_models.py; convertedDir a SavedModel
+// that tf_op.auto.convert compiled ahead (tests/modules/export_converted_model.py).
+var testLib, savedModelDir, modelsDir, convertedDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "tfbridge-test")
@@ -32,6 +34,7 @@ func TestMain(m *testing.M) {
 		{"tests/modules/build_modules.py", dir},
 		{"tests/modules/export_saved_model.py", filepath.Join(dir, "testfuncs.so"), dir},
 		{"tests/modules/build_models.py", filepath.Join(dir, "models")},
+		{"tests/modules/export_converted_model.py", filepath.Join(dir, "converted")},
 	} {
 		if err := testenv.RunPython("..", args[0], args[1:]...); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -39,6 +42,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	testLib, savedModelDir, modelsDir = filepath.Join(dir, "testfuncs.so"), dir, filepath.Join(dir, "models")
+	convertedDir = filepath.Join(dir, "converted")
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -299,6 +303,50 @@ func TestSavedModelExportedFromPython(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, expected.Y, out[0].Value())
 	assert.Equal(t, expected.Z, out[1].Value())
+}
+
+// TestConvertedSavedModel serves, from a copy in another folder, a SavedModel
+// that tf_op.auto.convert compiled ahead: this process has no TVM compiler and
+// the pass is off, and the batch it was compiled for runs TVM's library, from
+// the copy's assets, with the Keras model's logits.
+func TestConvertedSavedModel(t *testing.T) {
+	var expected struct {
+		X      []float32
+		Shape  []int64
+		Logits []float32
+	}
+	raw, err := os.ReadFile(filepath.Join(convertedDir, "expected.json"))
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &expected))
+	moved := filepath.Join(t.TempDir(), "moved")
+	require.NoError(t, os.CopyFS(moved, os.DirFS(filepath.Join(convertedDir, "model"))))
+
+	model, err := tf.LoadSavedModel(moved, []string{"serve"}, nil)
+	require.NoError(t, err)
+	defer model.Session.Close()
+	signature := model.Signatures["serving_default"]
+	images, err := tf.NewTensor(expected.X)
+	require.NoError(t, err)
+	require.NoError(t, images.Reshape(expected.Shape))
+	out, err := model.Session.Run(
+		map[tf.Output]*tf.Tensor{graphOutput(t, model.Graph, signature.Inputs["images"].Name): images},
+		[]tf.Output{graphOutput(t, model.Graph, signature.Outputs["logits"].Name)}, nil)
+	require.NoError(t, err)
+	logits := out[0].Value().([][]float32)
+	require.Len(t, logits, int(expected.Shape[0]))
+	for i, row := range logits {
+		assert.InDeltaSlice(t, expected.Logits[i*len(row):(i+1)*len(row)], row, 1e-4)
+	}
+
+	var ran []auto.ShapeRecord
+	for _, c := range auto.Report() {
+		ran = append(ran, c.Shapes...)
+	}
+	require.NotEmpty(t, ran, "the converted model's clusters report what ran them")
+	for _, shape := range ran {
+		assert.Equal(t, "tvm", shape.Status, shape.Reason)
+		assert.True(t, strings.HasPrefix(shape.Library, filepath.Join(moved, "assets")), shape.Library)
+	}
 }
 
 // graphOutput finds "node:index" in a graph.
