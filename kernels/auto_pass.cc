@@ -76,6 +76,7 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
       {"_FusedConv2D", Role::kAnchor},
       {"_FusedDepthwiseConv2dNative", Role::kAnchor},
       {"_FusedMatMul", Role::kAnchor},
+      {"Einsum", Role::kAnchor},
       {"BiasAdd", Role::kMember},
       {"Relu", Role::kMember},
       {"Relu6", Role::kMember},
@@ -86,6 +87,7 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
       {"Softmax", Role::kMember},
       {"Add", Role::kMember},
       {"AddV2", Role::kMember},
+      {"AddN", Role::kMember},  // grappler's arithmetic optimiser makes them of chains of adds
       {"Sub", Role::kMember},
       {"Mul", Role::kMember},
       {"RealDiv", Role::kMember},
@@ -111,6 +113,7 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
       {"Pad", Role::kMember},
       {"Identity", Role::kMember},
       {"FusedBatchNormV3", Role::kMember},
+      {"_MklSwish", Role::kMember},  // x * sigmoid(x), as grappler's remapper fuses it with oneDNN on
   };
   return *ops;
 }

@@ -69,6 +69,37 @@ def test_a_keras_cnn_runs_in_one_tvm_cluster(auto_cache: Path) -> None:
     assert list(auto_cache.glob("*.so")), "the cluster's library is cached like tf_op.compile's"
 
 
+def test_what_grappler_makes_of_swish_and_residual_adds_stays_in_one_cluster(auto_cache: Path) -> None:
+    """Before the pass, grappler turns x * sigmoid(x) into oneDNN's _MklSwish and
+    a sum of three tensors into AddN: each split the model into clusters and
+    left the work between them to TF."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 4))
+    a = keras.layers.Conv2D(4, 3, padding="same", activation="swish")(inputs)
+    b = keras.layers.Conv2D(4, 1, activation="relu")(inputs)
+    x = keras.layers.Add()([inputs, a, b])
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)))
+    x = np.random.default_rng(0).random((2, 8, 8, 4), dtype=np.float32)
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    run = tf.function(lambda t: model(t, training=False))
+    np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
+    [cluster] = tf_op.auto.report()
+    assert cluster.status == "tvm", cluster.reason
+    assert {"Conv2D", "_FusedConv2D"} & set(cluster.ops) and "MatMul" in "".join(cluster.ops), cluster.ops
+
+
+def test_an_einsum_is_clustered(auto_cache: Path) -> None:
+    w = tf.constant(np.random.default_rng(0).random((8, 4), dtype=np.float32))
+    x = np.random.default_rng(1).random((2, 3, 8), dtype=np.float32)
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    run = tf.function(lambda t: tf.nn.relu(tf.einsum("bij,jk->bik", t, w) - 2.0))
+    np.testing.assert_allclose(run(x).numpy(), np.maximum(np.einsum("bij,jk->bik", x, w.numpy()) - 2.0, 0),
+                               rtol=RTOL, atol=ATOL)
+    [cluster] = tf_op.auto.report()
+    assert cluster.status == "tvm", cluster.reason
+    assert "Einsum" in cluster.ops, cluster.ops
+
+
 def test_an_op_tvm_cannot_take_stays_tf_and_splits_the_graph(auto_cache: Path) -> None:
     keras.utils.set_random_seed(1)
     first, second = keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8, activation="tanh")

@@ -55,18 +55,21 @@ _ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "Le
 
 def unfuse(graph_def: graph_pb2.GraphDef) -> None:
     """Rewrites each fused op of grappler into its steps (base op, bias add or
-    batch norm, add, activation), the last step keeping the node's name so that
-    its consumers need no change; and drops the attrs TF's runtime added to the
-    nodes (``_class`` colocations with nodes outside the cluster, the pass's own
-    mark), which the cluster's graph on its own cannot honour."""
+    batch norm, add, activation; oneDNN's swish into x * sigmoid(x)), the last
+    step keeping the node's name so that its consumers need no change; and drops
+    the attrs TF's runtime added to the nodes (``_class`` colocations with nodes
+    outside the cluster, the pass's own mark), which the cluster's graph on its
+    own cannot honour."""
     nodes = []
     for node in graph_def.node:
         for key in [k for k in node.attr if k.startswith("_")]:
             del node.attr[key]
-        if node.op not in _FUSED_BASE:
+        if node.op == "_MklSwish":
+            nodes.extend(_swish(node))
+        elif node.op in _FUSED_BASE:
+            nodes.extend(_steps(node))
+        else:
             nodes.append(node)
-            continue
-        nodes.extend(_steps(node))
     del graph_def.node[:]
     graph_def.node.extend(nodes)
 
@@ -121,6 +124,18 @@ def _steps(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
             raise CompileError(f"{node.name}: {node.op} fuses {fused}, which this compiler cannot take apart")
     steps[-1].name = node.name  # the consumers read the last step, under the fused node's name
     return steps
+
+
+def _swish(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
+    """x * sigmoid(x): what oneDNN's ``_MklSwish`` computes, in ops TFLite knows."""
+    x = node.input[0]
+    sigmoid = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_sigmoid", op="Sigmoid", device=node.device)
+    sigmoid.input.append(x)
+    sigmoid.attr["T"].CopyFrom(node.attr["T"])
+    product = node_def_pb2.NodeDef(name=node.name, op="Mul", device=node.device)
+    product.input.extend([x, sigmoid.name] + [i for i in node.input[1:] if i.startswith("^")])
+    product.attr["T"].CopyFrom(node.attr["T"])
+    return [sigmoid, product]
 
 
 def _gelu_exact(step: Any, x: str, dtype: Any) -> str:
