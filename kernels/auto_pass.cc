@@ -110,6 +110,7 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
       {"ExpandDims", Role::kMember},
       {"Transpose", Role::kMember},
       {"ConcatV2", Role::kMember},
+      {"Split", Role::kMember},  // an LSTM cell's gates
       {"Pad", Role::kMember},
       {"Identity", Role::kMember},
       {"FusedBatchNormV3", Role::kMember},
@@ -216,7 +217,13 @@ class Clustering {
       const std::vector<int> single = {cluster_or_node};
       const std::vector<int>& ids = is_cluster ? members_.at(cluster_or_node) : single;
       for (int id : ids) {
-        for (const Edge* e : g_.FindNodeId(id)->out_edges()) {
+        const Node* n = g_.FindNodeId(id);
+        // A loop's back edge (NextIteration to Merge) joins one iteration to
+        // the next, not a node to itself: without it a frame's graph is a DAG,
+        // as XLA's cycle check sees it. Else everything in a loop body reaches
+        // everything, and nothing there merges.
+        if (n->IsNextIteration()) continue;
+        for (const Edge* e : n->out_edges()) {
           const Node* dst = e->dst();
           if (!dst->IsOp()) continue;
           const int c = cluster_of_[dst->id()];
@@ -271,10 +278,10 @@ struct Naming {
   bool hashed = false;
 };
 
-Status PlanCluster(const Graph& g, const std::vector<int>& ids, const std::vector<int>& topo_index,
+Status PlanCluster(Graph* g, const std::vector<int>& ids, const std::vector<int>& topo_index,
                    const Naming& naming, Plan* plan) {
   absl::flat_hash_set<int> in_cluster(ids.begin(), ids.end());
-  for (int id : ids) plan->nodes.push_back(g.FindNodeId(id));
+  for (int id : ids) plan->nodes.push_back(g->FindNodeId(id));
   std::sort(plan->nodes.begin(), plan->nodes.end(),
             [&](const Node* a, const Node* b) { return topo_index[a->id()] < topo_index[b->id()]; });
   absl::flat_hash_set<std::pair<int, int>> seen_inputs, seen_outputs;
@@ -311,10 +318,27 @@ Status PlanCluster(const Graph& g, const std::vector<int>& ids, const std::vecto
   std::sort(body.begin(), body.end(), [](const Node* a, const Node* b) { return a->name() < b->name(); });
   std::vector<std::string> output_names;
   for (size_t i = 0; i < plan->outputs.size(); ++i) output_names.push_back(absl::StrCat("output_", i));
-  TF_RETURN_IF_ERROR(tensorflow::GraphToFunctionDef(
-      g, absl::StrCat("__", plan->id), /*append_hash_to_fn_name=*/naming.hashed, /*set_stateful_from_nodes=*/false,
+  // A constant copied in may hang on a control edge (inside a loop, from the
+  // frame's pivot, which puts it in the frame); in the function it needs none,
+  // and GraphToFunctionDef refuses control inputs from outside the body: they
+  // are taken off for it and put back after.
+  std::vector<std::pair<Node*, Node*>> detached;
+  for (Node* c : plan->constants) {
+    std::vector<const Edge*> controls;
+    for (const Edge* e : c->in_edges()) {
+      if (e->IsControlEdge() && !e->src()->IsSource()) controls.push_back(e);
+    }
+    for (const Edge* e : controls) {
+      detached.emplace_back(e->src(), c);
+      g->RemoveControlEdge(e);
+    }
+  }
+  const Status made = tensorflow::GraphToFunctionDef(
+      *g, absl::StrCat("__", plan->id), /*append_hash_to_fn_name=*/naming.hashed, /*set_stateful_from_nodes=*/false,
       /*copy_placeholder_attrs_from_nodes=*/false, body, plan->inputs, plan->outputs, output_names, {}, {},
-      "a part of a graph tf_op.auto compiles with TVM", &plan->function));
+      "a part of a graph tf_op.auto compiles with TVM", &plan->function);
+  for (const auto& [src, dst] : detached) g->AddControlEdge(src, dst, /*allow_duplicates=*/true);
+  TF_RETURN_IF_ERROR(made);
   if (naming.hashed) plan->id = plan->function.signature().name().substr(2);
   (*plan->function.mutable_attr())[kClusterFunctionAttr].set_b(true);
   // Marked node by node as well: should TF ever optimise the function's graph
@@ -408,7 +432,7 @@ void ClusterGraph(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const s
     }
     if (anchors == 0 || size < min_cluster_size) continue;
     Plan plan;
-    Status planned = PlanCluster(*g, ids, topo_index, naming, &plan);
+    Status planned = PlanCluster(g, ids, topo_index, naming, &plan);
     if (planned.ok()) planned = flib->AddFunctionDef(plan.function);
     if (planned.ok()) planned = Rewrite(g, plan);
     const std::string ops = absl::StrJoin(plan.op_types, ",");

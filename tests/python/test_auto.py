@@ -88,6 +88,22 @@ def test_what_grappler_makes_of_swish_and_residual_adds_stays_in_one_cluster(aut
     assert {"Conv2D", "_FusedConv2D"} & set(cluster.ops) and "MatMul" in "".join(cluster.ops), cluster.ops
 
 
+def test_an_lstm_cell_inside_its_loop_is_one_cluster(auto_cache: Path) -> None:
+    """A loop body's ops join one cluster, called at each step: the cycle check
+    does not follow the loop's back edge, and a constant's control edge from
+    the loop's frame stays out of the cluster's function."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8), keras.layers.Dense(3)])
+    x = np.random.default_rng(0).random((2, 6, 5), dtype=np.float32)
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    run = tf.function(lambda t: model(t, training=False))
+    np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
+    cells = [c for c in tf_op.auto.report() if "Split" in c.ops]
+    assert len(cells) == 1, tf_op.auto.report()
+    assert cells[0].status == "tvm", cells[0].reason
+    assert {"MatMul", "Sigmoid", "Tanh", "Mul"} <= set(cells[0].ops), cells[0].ops
+
+
 def test_an_einsum_is_clustered(auto_cache: Path) -> None:
     w = tf.constant(np.random.default_rng(0).random((8, 4), dtype=np.float32))
     x = np.random.default_rng(1).random((2, 3, 8), dtype=np.float32)
