@@ -66,8 +66,9 @@ class PoolNHWC(Rule):
         # Without an epilogue the window is reduced in the output itself: its
         # address does not change while the window runs, so LLVM keeps it in a
         # register. With one, a row of the output is reduced in a buffer of its
-        # own (one allocation per row: TVM 0.27 allocates even small local
-        # buffers with a call) that the epilogue then reads.
+        # own that the epilogue then reads: the pool's output, a "global"
+        # buffer that TVM compacts to the row and, under 1 KiB, puts on the
+        # stack (TVM 0.27 allocates a "local" one of any size with a call).
         out = epilogue[-1] if epilogue else pool
         loops = sch.get_loops(out)
         if [int(sch.get(loop).extent) for loop in loops[:4]] != extents[:4] or len(loops) != (4 if epilogue else 6):
@@ -75,7 +76,6 @@ class PoolNHWC(Rule):
         n, h, w, c = loops[:4]
         co, cv = sch.split(c, [None, lanes])
         if epilogue:
-            sch.set_scope(pool, 0, "local")
             sch.compute_at(pool, h, preserve_unit_loops=True)
             sch.vectorize(cv)
             *_, w, c, ry, rx = sch.get_loops(pool)
