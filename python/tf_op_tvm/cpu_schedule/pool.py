@@ -53,7 +53,7 @@ class PoolNHWC(Rule):
         channels = _pool_channels(sch, pool)
         if channels is None:
             return None
-        lanes = math.gcd(channels, self.lanes)  # a power of two: the vectors are whole registers or halves
+        lanes = math.gcd(channels, self.lanes)  # a power of two: a register, or a part of one LLVM keeps whole
         if lanes < _MIN_LANES:
             return None
         producers, epilogue = blocks[:at], blocks[at + 1:]
@@ -77,11 +77,11 @@ class PoolNHWC(Rule):
         co, cv = sch.split(c, [None, lanes])
         if epilogue:
             sch.compute_at(pool, h, preserve_unit_loops=True)
-            sch.vectorize(cv)
+            sch.vectorize(cv)  # the epilogue's lanes; below, the pool's own loops under h
             *_, w, c, ry, rx = sch.get_loops(pool)
             co, cv = sch.split(c, [None, lanes])
         *_, ry, rx = sch.get_loops(pool)
-        sch.reorder(w, co, ry, rx, cv)
+        sch.reorder(w, co, ry, rx, cv)  # the window inside each vector of channels
         # Loop kinds before decompose_reduction, which copies them to the init block.
         if math.prod(extents) >= PARALLEL_MIN_WORK:
             sch.parallel(sch.fuse(n, h))
