@@ -368,10 +368,13 @@ def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]
 
 def cpu_pipeline(target: Any) -> Any:
     """TVM's default CPU pipeline (``relax.backend.cpu_generic``, what
-    ``tvm.compile`` runs for an llvm target) with two steps added once the
+    ``tvm.compile`` runs for an llvm target) with steps added once the
     operators are loop nests: the default schedules of ``cpu_schedule`` on each
     that no tuning scheduled, then ``channel_innermost`` on those that none of
-    them took.
+    them took. Before them, each loop nest learns which of its parameters are
+    the model's constants (``layout_free_buffers``); after them, the weight
+    repacking a schedule marked (the conv rule's, for a constant weight) leaves
+    its function and runs once, at compile time (FoldConstant).
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -383,7 +386,7 @@ def cpu_pipeline(target: Any) -> Any:
     Loop nests of ``PARALLEL_MIN_WORK`` iterations or more also run their outer
     loops on TVM's threads (``TVM_NUM_THREADS``; one thread runs them in turn)."""
     import tvm
-    from tvm import s_tir, tirx
+    from tvm import relax, s_tir, tirx
     from tvm.relax.backend.cpu_generic import pipeline as cpu
     from tvm.s_tir import dlight
 
@@ -414,7 +417,9 @@ def cpu_pipeline(target: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
                 *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
+                relax.transform.AttachAttrLayoutFreeBuffers(),
                 dlight.ApplyDefaultSchedule(*cpu_schedule.rules(target)), channel_innermost_pass,
+                relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
                 *cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)])(mod)
 
     return pipeline

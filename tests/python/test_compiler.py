@@ -344,10 +344,14 @@ _SCHEDULED = re.compile(r"scheduled ([0-9]+) of ([0-9]+) reductions with the out
 
 def test_untuned_reductions_run_channel_innermost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The worker's fallback schedule step for untuned CPU libraries reaches
-    every reduction of the CNN that no default schedule (cpu_schedule) took: the
-    convolutions are the conv rule's, the dense layer the matmul rule's, so the
-    two poolings are left; and the values are still Keras's."""
-    model, x = _cnn(), _inputs(2, 16, 16, 3)
+    every reduction that no default schedule (cpu_schedule) took: pools of the
+    3-channel input, too few channels for the pool rule's vectors (the CNN's
+    pools, of 8 and 16 channels, are the pool rule's), while the dense layer is
+    the matmul rule's; and the values are still Keras's."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.MaxPooling2D(2), keras.layers.AveragePooling2D(2),
+                              keras.layers.Flatten(), keras.layers.Dense(10)])
+    x = _inputs(2, 16, 16, 3)
     caplog.set_level(logging.INFO, logger="tf_op.compiler")
     y = compile(model, cache_dir=tmp_path, batch_sizes=[2])(x)
     np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)

@@ -139,10 +139,18 @@ for case in json.loads(sys.argv[3]):
                                           dlight.ApplyDefaultSchedule(*conv.rules(target))])(mod)
     kernels = [g.name_hint for g, f in legal.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     taken = [bool(legal[name].attrs.get("tirx.is_scheduled")) for name in kernels if "conv2d" in name]
+    # The ranks of the convolution's parameters after the CPU pipeline: 5 for a weight packed at compile time.
+    lowered = compile_model.cpu_pipeline(target)(mod)
+    ranks = [[len(p.shape) for p in f.params] for g, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in g.name_hint]
+    # Whether the convolution's own code allocates with a call (its tile, its packed weights).
+    code = [tvm.compile(legal[name].with_attr("global_symbol", name), target=target).mod.inspect_source("ll")
+            for name in kernels if "conv2d" in name]
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
     y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
-    results.append({"taken": taken, "kernels": kernels, "error": float(np.abs(y - ref).max() / np.abs(ref).max())})
+    results.append({"taken": taken, "kernels": kernels, "error": float(np.abs(y - ref).max() / np.abs(ref).max()),
+                    "workspace": ["TVMBackendAllocWorkspace" in ll for ll in code], "ranks": ranks})
 print(json.dumps(results))
 """
 
@@ -195,6 +203,49 @@ def test_conv_rule_takes_convolutions_whose_weights_are_inputs(mcpu: str) -> Non
         assert got["taken"] == [True], (case, got)
         assert not [name for name in got["kernels"] if "transpose" in name or "reshape" in name], (case, got)
         assert got["error"] < 1e-4, (case, got)
+
+
+#: Convolutions like the Keras CNN's at batch 4 (3 -> 8 channels, 32x32; 8 ->
+#: 16, 14x14), with an epilogue and without: register tiles of 16 columns by 8
+#: lanes and of 14 columns by 16 lanes, under 1 KiB, and weights smaller than
+#: an image (not packed).
+SMALL_TILE_CASES = [
+    (4, 32, 32, 3, 8, 3, 1, False, "bias_relu6"),
+    (4, 14, 14, 8, 16, 3, 1, False, "bias_relu6"),
+    (4, 14, 14, 8, 16, 3, 1, False, "none"),
+]
+
+
+@pytest.mark.skipif("avx512f" not in _HOST, reason="runs AVX-512 code")
+def test_small_conv_tiles_stay_off_the_workspace_allocator() -> None:
+    """A register tile under 1 KiB is a buffer TVM puts on the stack (and LLVM
+    in registers), not one it allocates with a call of TVMBackendAllocWorkspace
+    for every row of tiles; the values are numpy's."""
+    target = {"kind": "llvm", "mcpu": "x86-64-v4"}
+    for case, got in zip(SMALL_TILE_CASES, _run_cases(target, SMALL_TILE_CASES, "constant"), strict=True):
+        assert got["taken"] == [True] and got["workspace"] == [False], (case, got)
+        assert got["error"] < 1e-4, (case, got)
+
+
+#: A layer whose weights (2.4 MB) outsize its input (83 KB a padded image),
+#: whose weight the conv rule repacks, and one whose weights do not.
+PACKED_CASE = (2, 7, 7, 256, 256, 3, 1, False, "bias_relu6")
+UNPACKED_CASE = (1, 8, 8, 40, 24, 1, 1, False, "none")
+
+
+@pytest.mark.skipif("avx512f" not in _HOST, reason="runs AVX-512 code")
+def test_constant_weights_are_packed_at_compile_time() -> None:
+    """A constant weight that the conv rule repacks is packed once, when the
+    library is compiled: the convolution's function takes it as a 5-D
+    constant ([OC / tile][KH][KW][IC][tile]), with no copy per call. A weight
+    that is an input is still packed per call, one channel tile at a time (its
+    function takes the 4-D input); the values are numpy's either way."""
+    target = {"kind": "llvm", "mcpu": "x86-64-v4"}
+    (packed, unpacked), (runtime,) = (_run_cases(target, [PACKED_CASE, UNPACKED_CASE], "constant"),
+                                      _run_cases(target, [PACKED_CASE], "runtime"))
+    assert 5 in packed["ranks"][0] and 5 not in unpacked["ranks"][0] and 5 not in runtime["ranks"][0], (
+        packed, unpacked, runtime)
+    assert max(packed["error"], unpacked["error"], runtime["error"]) < 1e-4, (packed, unpacked, runtime)
 
 
 def _mobile_block() -> keras.Model:

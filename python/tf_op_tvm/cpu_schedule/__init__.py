@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import conv, elementwise, matmul, reduction
+from . import conv, elementwise, matmul, pool, reduction
 
 
 def rules(target: Any) -> list[Any]:
     """The rules for an llvm ``target``, most specific first."""
-    return [*conv.rules(target), *matmul.rules(target), *reduction.rules(target),
+    return [*conv.rules(target), *pool.rules(target), *matmul.rules(target), *reduction.rules(target),
             *elementwise.rules(target)]

@@ -80,14 +80,18 @@ class ConvNHWC(Rule):
         extents = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)]
 
         # The epilogue, one block reading the accumulator: every block but the
-        # last inlined into the next; without one, a copy out of the tile.
+        # last inlined into the next; without one, a copy out of the tile. The
+        # accumulator stays a "global" buffer, which TVM compacts to the tile:
+        # under 1 KiB, TVM 0.27 puts a global buffer on the stack, where LLVM
+        # keeps it in registers, but sends a "local" one of any size through a
+        # call of TVMBackendAllocWorkspace and its free (for every row of tiles:
+        # 8% of the Keras CNN's call at batch 32).
         for block in shifts + epilogue[:-1]:
             sch.compute_inline(block)
         if epilogue:
             out = epilogue[-1]
-            sch.set_scope(conv, 0, "local")
         else:
-            out = sch.cache_write(conv, 0, "local")  # the copy; conv now sums into the tile
+            out = sch.cache_write(conv, 0, "global")  # the copy; conv now sums into the tile
         for block in producers:  # pad_temp: its reads, with the padding test, go into the sum
             sch.compute_inline(block)
 
@@ -120,9 +124,20 @@ class ConvNHWC(Rule):
             # tile's loop starts: in HWIO its rows lie OC floats apart, a page
             # apart in the big layers, where the hardware prefetcher stops
             # (1.5-3x on ResNet50's late layers); packed, one contiguous stream.
-            pack = sch.cache_read(conv, _read_index(sch.get(conv), shape.weight), "global")
-            sch.compute_at(pack, co)
-            sch.vectorize(sch.get_loops(pack)[-1])
+            index = _read_index(sch.get(conv), shape.weight)
+            pack = sch.cache_read(conv, index, "global")
+            if _constant(sch, shape.weight):
+                # A weight of the model: packed whole, as [OC / tile][KH][KW][IC][tile],
+                # by a block that SplitLayoutRewritePreproc takes out of the
+                # function and FoldConstant runs at compile time
+                # (compile_model.cpu_pipeline): no copy per call (1.36x on a
+                # 7x7x512 3x3 layer at batch 1).
+                tile = vectors * lanes
+                sch.transform_layout(conv, ("read", index), lambda h, w, i, o: (o // tile, h, w, i, o % tile))
+                sch.annotate(pack, "meta_schedule.layout_rewrite_preproc", True)
+            else:  # an input (tf_op.auto's runtime weights): each tile's copied where its loop starts
+                sch.compute_at(pack, co)
+                sch.vectorize(sch.get_loops(pack)[-1])
         # Loop kinds (threads here, vectors below) before decompose_reduction:
         # a block without its init is no reduction to the check that a loop's
         # iterations are independent; the init's loops copy those kinds.
@@ -176,6 +191,16 @@ def _reached(sch: Any, block: Any, step: Any) -> set[str]:
                 seen.add(_name(sch, other))
                 todo.append(other)
     return seen
+
+
+def _constant(sch: Any, buffer: Any) -> bool:
+    """Whether ``buffer`` is a parameter of the function for which its
+    callers pass a constant (a weight of the model, not an input): those that
+    relax.transform.AttachAttrLayoutFreeBuffers lists in the function's
+    ``layout_free_buffers``."""
+    func = sch.mod["main"]
+    free = func.attrs.get("layout_free_buffers") if func.attrs else None
+    return any(buffer.same_as(func.params[int(i)]) for i in free or ())
 
 
 def _has_reduction(block: Any) -> bool:
