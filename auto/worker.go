@@ -50,17 +50,23 @@ func startWorker(python string) (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
+	// A pipe of our own, not StdoutPipe's, which Wait closes as soon as the
+	// process ends: a worker that answers and ends at once would lose its answer.
+	stdout, childStdout, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	w := &worker{python: python, cmd: cmd, stdin: stdin, answers: make(chan string, 1),
 		stderr: &tailBuffer{}, exited: make(chan struct{})}
-	cmd.Stderr = w.stderr
-	if err := cmd.Start(); err != nil {
+	cmd.Stdout, cmd.Stderr = childStdout, w.stderr
+	err = cmd.Start()
+	childStdout.Close()
+	if err != nil {
+		stdout.Close()
 		return nil, fmt.Errorf("cannot start %s -m tf_op.compiler.cluster: %w", python, err)
 	}
 	go func() {
+		defer stdout.Close()
 		scanner := bufio.NewScanner(stdout)
 		scanner.Buffer(make([]byte, 64*1024), 16*1024*1024)
 		for scanner.Scan() {
@@ -91,11 +97,11 @@ func (w *worker) close() {
 	_ = w.stdin.Close()
 }
 
-// ask sends one request and waits for its answer, at most timeout.
+// ask sends one request and waits for its answer, at most timeout. A request
+// that cannot be written (the worker ended) still waits for what the worker
+// printed before it ended: its answer, or the end of its output.
 func (w *worker) ask(request []byte, timeout time.Duration) (string, error) {
-	if _, err := w.stdin.Write(append(request, '\n')); err != nil {
-		return "", errWorkerGone
-	}
+	_, _ = w.stdin.Write(append(request, '\n'))
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
