@@ -26,7 +26,7 @@ from typing import Any
 from tvm import s_tir, sym, tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule
+from .rule import Rule, has_reduction
 
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
@@ -55,7 +55,7 @@ class ConvNHWC(Rule):
 
     def schedule(self, sch: Any, _target: Any) -> Any:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        reductions = [i for i, b in enumerate(blocks) if _has_reduction(sch.get(b))]
+        reductions = [i for i, b in enumerate(blocks) if has_reduction(sch.get(b))]
         if len(reductions) != 1:
             return None
         at = reductions[0]
@@ -73,7 +73,7 @@ class ConvNHWC(Rule):
         shifts = [b for b in blocks[at + 1:] if _name(sch, b) not in downstream]
         shape = _conv_shape(sch, conv)
         others = blocks[:at] + blocks[at + 1:]
-        if shape is None or len(producers) > 1 or any(_has_reduction(sch.get(b)) for b in others):
+        if shape is None or len(producers) > 1 or any(has_reduction(sch.get(b)) for b in others):
             return None
         w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
         weights_first = shape.weight_size > shape.image_size
@@ -201,10 +201,6 @@ def _constant(sch: Any, buffer: Any) -> bool:
     func = sch.mod["main"]
     free = func.attrs.get("layout_free_buffers") if func.attrs else None
     return any(buffer.same_as(func.params[int(i)]) for i in free or ())
-
-
-def _has_reduction(block: Any) -> bool:
-    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
 
 
 @dataclasses.dataclass

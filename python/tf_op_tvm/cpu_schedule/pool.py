@@ -25,7 +25,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule
+from .rule import Rule, has_reduction
 
 #: The narrowest vector worth the rule: with fewer channels per vector (an odd
 #: channel count), the fallback does as well.
@@ -45,7 +45,7 @@ class PoolNHWC(Rule):
 
     def schedule(self, sch: Any, _target: Any) -> Any:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        reductions = [i for i, b in enumerate(blocks) if _has_reduction(sch.get(b))]
+        reductions = [i for i, b in enumerate(blocks) if has_reduction(sch.get(b))]
         if len(reductions) != 1:
             return None
         at = reductions[0]
@@ -88,10 +88,6 @@ class PoolNHWC(Rule):
         sch.vectorize(cv)
         sch.decompose_reduction(pool, ry)
         return sch
-
-
-def _has_reduction(block: Any) -> bool:
-    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
 
 
 def _pool_channels(sch: Any, block: Any) -> int | None:

@@ -25,3 +25,8 @@ class Rule(CPUScheduleRule):
 
     def schedule(self, sch: Any, target: Any) -> Any:
         raise NotImplementedError
+
+
+def has_reduction(block: Any) -> bool:
+    """Whether a block (its statement) reduces over some variable."""
+    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
