@@ -100,6 +100,7 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
       {"Exp", Role::kMember},
       {"Neg", Role::kMember},
       {"Erf", Role::kMember},
+      {"Erfc", Role::kMember},  // Keras 3's exact GELU; the worker computes it from ops TFLite has
       {"MaxPool", Role::kMember},
       {"AvgPool", Role::kMember},
       {"Mean", Role::kMember},

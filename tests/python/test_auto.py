@@ -104,6 +104,19 @@ def test_an_lstm_cell_inside_its_loop_is_one_cluster(auto_cache: Path) -> None:
     assert {"MatMul", "Sigmoid", "Tanh", "Mul"} <= set(cells[0].ops), cells[0].ops
 
 
+def test_erfc_runs_on_tvm_within_float32_noise(auto_cache: Path) -> None:
+    """TFLite has no Erfc (Keras 3's exact GELU is 0.5 x erfc(-x / sqrt 2)): the
+    compile worker builds it of ops TFLite has (Abramowitz and Stegun 7.1.26)."""
+    z = np.linspace(-6, 6, 64, dtype=np.float32).reshape(8, 8)
+    eye = tf.constant(np.eye(8, dtype=np.float32))
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    run = tf.function(lambda t: tf.math.erfc(tf.matmul(t, eye)) * 1.0)
+    np.testing.assert_allclose(run(z).numpy(), tf.math.erfc(z).numpy(), rtol=0, atol=5e-7)
+    [cluster] = tf_op.auto.report()
+    assert cluster.status == "tvm", cluster.reason
+    assert "Erfc" in cluster.ops, cluster.ops
+
+
 def test_an_einsum_is_clustered(auto_cache: Path) -> None:
     w = tf.constant(np.random.default_rng(0).random((8, 4), dtype=np.float32))
     x = np.random.default_rng(1).random((2, 3, 8), dtype=np.float32)

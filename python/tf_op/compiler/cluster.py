@@ -55,7 +55,8 @@ _ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "Le
 
 def unfuse(graph_def: graph_pb2.GraphDef) -> None:
     """Rewrites each fused op of grappler into its steps (base op, bias add or
-    batch norm, add, activation; oneDNN's swish into x * sigmoid(x)), the last
+    batch norm, add, activation; oneDNN's swish into x * sigmoid(x); Erfc,
+    which TFLite lacks, into ops it has), the last
     step keeping the node's name so that its consumers need no change; and drops
     the attrs TF's runtime added to the nodes (``_class`` colocations with nodes
     outside the cluster, the pass's own mark), which the cluster's graph on its
@@ -66,6 +67,8 @@ def unfuse(graph_def: graph_pb2.GraphDef) -> None:
             del node.attr[key]
         if node.op == "_MklSwish":
             nodes.extend(_swish(node))
+        elif node.op == "Erfc":
+            nodes.extend(_erfc(node))
         elif node.op in _FUSED_BASE:
             nodes.extend(_steps(node))
         else:
@@ -136,6 +139,55 @@ def _swish(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
     product.input.extend([x, sigmoid.name] + [i for i in node.input[1:] if i.startswith("^")])
     product.attr["T"].CopyFrom(node.attr["T"])
     return [sigmoid, product]
+
+
+#: Abramowitz and Stegun 7.1.26: erfc(a) = t (a1 + t (a2 + ...)) exp(-a^2) with
+#: t = 1 / (1 + p a), for a >= 0, within 1.5e-7.
+_ERFC_P = 0.3275911
+_ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _erfc(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
+    """erfc(z) from ops TF's TFLite converter takes, which has no Erfc (and Erf
+    only inside GELU's exact pattern, which grappler's reassociated products
+    hide): Abramowitz and Stegun's 7.1.26 for |z|, and 2 - erfc(|z|) for z < 0.
+    Within 1.5e-7 of erfc: float32 noise for Keras 3's exact GELU, 0.5 x
+    erfc(-x / sqrt 2), the Erfc TF graphs hold."""
+    steps: list[node_def_pb2.NodeDef] = []
+    dtype = node.attr["T"]
+
+    def step(op: str, *inputs: str, name: str | None = None) -> str:
+        made = node_def_pb2.NodeDef(name=name or f"{node.name}/tvmdsoop_{len(steps)}_{op}", op=op, device=node.device)
+        made.input.extend(inputs)
+        made.attr["T"].CopyFrom(dtype)
+        steps.append(made)
+        return made.name
+
+    def const(value: float) -> str:
+        made = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_Const", op="Const", device=node.device)
+        made.attr["dtype"].type = dtype.type
+        made.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(dtype.type)))
+        steps.append(made)
+        return made.name
+
+    z = node.input[0]
+    a = step("Abs", z)
+    t = step("RealDiv", const(1.0), step("AddV2", const(1.0), step("Mul", a, const(_ERFC_P))))
+    poly = const(_ERFC_A[-1])
+    for coefficient in reversed(_ERFC_A[:-1]):
+        poly = step("AddV2", const(coefficient), step("Mul", t, poly))
+    tail = step("Mul", step("Mul", t, poly), step("Exp", step("Neg", step("Square", a))))
+    non_negative = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_GreaterEqual", op="GreaterEqual",
+                                        device=node.device)
+    non_negative.input.extend([z, const(0.0)])
+    non_negative.attr["T"].CopyFrom(dtype)
+    steps.append(non_negative)
+    select = node_def_pb2.NodeDef(name=node.name, op="SelectV2", device=node.device)
+    select.input.extend([non_negative.name, tail, step("Sub", const(2.0), tail)])
+    select.input.extend(i for i in node.input[1:] if i.startswith("^"))
+    select.attr["T"].CopyFrom(dtype)
+    steps.append(select)
+    return steps
 
 
 def _gelu_exact(step: Any, x: str, dtype: Any) -> str:
