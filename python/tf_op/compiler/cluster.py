@@ -77,68 +77,88 @@ def unfuse(graph_def: graph_pb2.GraphDef) -> None:
     graph_def.node.extend(nodes)
 
 
-def _steps(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
-    fused = [s.decode() for s in node.attr["fused_ops"].list.s]
-    data, args = list(node.input[:2]), list(node.input[2:])
-    controls = [i for i in args if i.startswith("^")]
-    args = [i for i in args if not i.startswith("^")]
-    dtype = node.attr["T"]
-    steps: list[node_def_pb2.NodeDef] = []
+class _Steps:
+    """The nodes one node is rewritten into, each named under it, on its device
+    and of its dtype; the last takes the node's name (``nodes()``), so that its
+    consumers need no change."""
 
-    def step(op: str, inputs: Sequence[str], **attrs: Any) -> str:
-        made = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_{op}", op=op, device=node.device)
+    def __init__(self, node: node_def_pb2.NodeDef) -> None:
+        self.node = node
+        self.dtype = node.attr["T"]
+        self.controls = [i for i in node.input if i.startswith("^")]
+        self._nodes: list[node_def_pb2.NodeDef] = []
+
+    def _add(self, op: str) -> node_def_pb2.NodeDef:
+        made = node_def_pb2.NodeDef(name=f"{self.node.name}/tvmdsoop_{len(self._nodes)}_{op}", op=op,
+                                    device=self.node.device)
+        self._nodes.append(made)
+        return made
+
+    def op(self, op: str, *inputs: str, **attrs: Any) -> str:
+        """A step ``op`` of ``inputs`` with attrs ``attrs`` (``T`` is the node's)."""
+        made = self._add(op)
         made.input.extend(inputs)
-        if op != "Const":
-            made.attr["T"].CopyFrom(dtype)
+        made.attr["T"].CopyFrom(self.dtype)
         for key, value in attrs.items():
             made.attr[key].CopyFrom(value)
-        steps.append(made)
         return made.name
 
-    base = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_base", op=_FUSED_BASE[node.op], device=node.device)
-    base.input.extend(data + controls)
-    for key, value in node.attr.items():
-        if key not in _FUSION_ATTRS:
-            base.attr[key].CopyFrom(value)
-    steps.append(base)
-    out = base.name
+    def const(self, value: float) -> str:
+        """A scalar constant of the node's dtype."""
+        made = self._add("Const")
+        made.attr["dtype"].type = self.dtype.type
+        made.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(self.dtype.type)))
+        return made.name
+
+    def nodes(self) -> list[node_def_pb2.NodeDef]:
+        self._nodes[-1].name = self.node.name
+        return self._nodes
+
+
+def _steps(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
+    fused = [s.decode() for s in node.attr["fused_ops"].list.s]
+    steps = _Steps(node)
+    args = [i for i in node.input[2:] if not i.startswith("^")]
+    out = steps.op(_FUSED_BASE[node.op], *node.input[:2], *steps.controls,
+                   **{key: value for key, value in node.attr.items() if key not in _FUSION_ATTRS})
     rest = list(fused)
     if rest and rest[0] == "BiasAdd":
-        out = step("BiasAdd", [out, args.pop(0)],
-                   **({"data_format": node.attr["data_format"]} if "data_format" in node.attr else {}))
+        out = steps.op("BiasAdd", out, args.pop(0),
+                       **({"data_format": node.attr["data_format"]} if "data_format" in node.attr else {}))
         rest.pop(0)
     elif rest and rest[0] == "FusedBatchNorm":
         scale, offset, mean, variance = args[:4]
         args = args[4:]
-        out = step("FusedBatchNormV3", [out, scale, offset, mean, variance], epsilon=node.attr["epsilon"],
-                   U=dtype, is_training=attr_value_pb2.AttrValue(b=False),
-                   data_format=node.attr.get("data_format", attr_value_pb2.AttrValue(s=b"NHWC")))
+        out = steps.op("FusedBatchNormV3", out, scale, offset, mean, variance, epsilon=node.attr["epsilon"],
+                       U=steps.dtype, is_training=attr_value_pb2.AttrValue(b=False),
+                       data_format=node.attr.get("data_format", attr_value_pb2.AttrValue(s=b"NHWC")))
         rest.pop(0)
     if rest and rest[0] == "Add":
-        out = step("AddV2", [out, args.pop(0)])
+        out = steps.op("AddV2", out, args.pop(0))
         rest.pop(0)
     for activation in rest:
         if activation in _ACTIVATIONS:
             extra = {"alpha": node.attr["leakyrelu_alpha"]} if activation == "LeakyRelu" else {}
-            out = step(_ACTIVATIONS[activation], [out], **extra)
+            out = steps.op(_ACTIVATIONS[activation], out, **extra)
         elif activation == "GeluExact":
-            out = _gelu_exact(step, out, dtype)
+            out = _gelu_exact(steps, out)
         else:
             raise CompileError(f"{node.name}: {node.op} fuses {fused}, which this compiler cannot take apart")
-    steps[-1].name = node.name  # the consumers read the last step, under the fused node's name
-    return steps
+    return steps.nodes()
+
+
+def _gelu_exact(steps: _Steps, x: str) -> str:
+    """0.5 x (1 + erf(x / sqrt 2)), as Keras's exact GELU."""
+    one_plus = steps.op("AddV2", steps.op("Erf", steps.op("Mul", x, steps.const(0.7071067811865476))), steps.const(1.0))
+    return steps.op("Mul", steps.op("Mul", x, steps.const(0.5)), one_plus)
 
 
 def _swish(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
     """x * sigmoid(x): what oneDNN's ``_MklSwish`` computes, in ops TFLite knows."""
+    steps = _Steps(node)
     x = node.input[0]
-    sigmoid = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_sigmoid", op="Sigmoid", device=node.device)
-    sigmoid.input.append(x)
-    sigmoid.attr["T"].CopyFrom(node.attr["T"])
-    product = node_def_pb2.NodeDef(name=node.name, op="Mul", device=node.device)
-    product.input.extend([x, sigmoid.name] + [i for i in node.input[1:] if i.startswith("^")])
-    product.attr["T"].CopyFrom(node.attr["T"])
-    return [sigmoid, product]
+    steps.op("Mul", x, steps.op("Sigmoid", x), *steps.controls)
+    return steps.nodes()
 
 
 #: Abramowitz and Stegun 7.1.26: erfc(a) = t (a1 + t (a2 + ...)) exp(-a^2) with
@@ -153,53 +173,18 @@ def _erfc(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
     hide): Abramowitz and Stegun's 7.1.26 for |z|, and 2 - erfc(|z|) for z < 0.
     Within 1.5e-7 of erfc: float32 noise for Keras 3's exact GELU, 0.5 x
     erfc(-x / sqrt 2), the Erfc TF graphs hold."""
-    steps: list[node_def_pb2.NodeDef] = []
-    dtype = node.attr["T"]
-
-    def step(op: str, *inputs: str, name: str | None = None) -> str:
-        made = node_def_pb2.NodeDef(name=name or f"{node.name}/tvmdsoop_{len(steps)}_{op}", op=op, device=node.device)
-        made.input.extend(inputs)
-        made.attr["T"].CopyFrom(dtype)
-        steps.append(made)
-        return made.name
-
-    def const(value: float) -> str:
-        made = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_Const", op="Const", device=node.device)
-        made.attr["dtype"].type = dtype.type
-        made.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, tf.as_dtype(dtype.type)))
-        steps.append(made)
-        return made.name
-
+    steps = _Steps(node)
     z = node.input[0]
-    a = step("Abs", z)
-    t = step("RealDiv", const(1.0), step("AddV2", const(1.0), step("Mul", a, const(_ERFC_P))))
-    poly = const(_ERFC_A[-1])
+    a = steps.op("Abs", z)
+    t = steps.op("RealDiv", steps.const(1.0), steps.op("AddV2", steps.const(1.0),
+                                                       steps.op("Mul", a, steps.const(_ERFC_P))))
+    poly = steps.const(_ERFC_A[-1])
     for coefficient in reversed(_ERFC_A[:-1]):
-        poly = step("AddV2", const(coefficient), step("Mul", t, poly))
-    tail = step("Mul", step("Mul", t, poly), step("Exp", step("Neg", step("Square", a))))
-    non_negative = node_def_pb2.NodeDef(name=f"{node.name}/tvmdsoop_{len(steps)}_GreaterEqual", op="GreaterEqual",
-                                        device=node.device)
-    non_negative.input.extend([z, const(0.0)])
-    non_negative.attr["T"].CopyFrom(dtype)
-    steps.append(non_negative)
-    select = node_def_pb2.NodeDef(name=node.name, op="SelectV2", device=node.device)
-    select.input.extend([non_negative.name, tail, step("Sub", const(2.0), tail)])
-    select.input.extend(i for i in node.input[1:] if i.startswith("^"))
-    select.attr["T"].CopyFrom(dtype)
-    steps.append(select)
-    return steps
-
-
-def _gelu_exact(step: Any, x: str, dtype: Any) -> str:
-    """0.5 x (1 + erf(x / sqrt 2)), as Keras's exact GELU."""
-    def const(value: float) -> str:
-        return step("Const", [], value=attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value, tf.float32)),
-                    dtype=attr_value_pb2.AttrValue(type=dtype.type))
-    scaled = step("Mul", [x, const(0.7071067811865476)])
-    erf = step("Erf", [scaled])
-    one_plus = step("AddV2", [erf, const(1.0)])
-    half_x = step("Mul", [x, const(0.5)])
-    return step("Mul", [half_x, one_plus])
+        poly = steps.op("AddV2", steps.const(coefficient), steps.op("Mul", t, poly))
+    tail = steps.op("Mul", steps.op("Mul", t, poly), steps.op("Exp", steps.op("Neg", steps.op("Square", a))))
+    non_negative = steps.op("GreaterEqual", z, steps.const(0.0))
+    steps.op("SelectV2", non_negative, tail, steps.op("Sub", steps.const(2.0), tail), *steps.controls)
+    return steps.nodes()
 
 
 def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]]) -> Any:
