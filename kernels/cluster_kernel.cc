@@ -60,6 +60,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kTimedRuns = 5;
 // The alignment of what TVM's compiled models are handed (TVMDSOOp's default).
 constexpr int64_t kAlignment = 64;
+// How the report's reason starts when a compile fails.
+constexpr char kCompileFailed[] = "the compile failed: ";
 
 // One input shape signature of a cluster, and what runs it.
 struct Shape {
@@ -275,14 +277,14 @@ class ClusterKernel : public AsyncOpKernel {
     std::string function, inputs;
     const Status requested = Request(ctx, &function, &inputs);
     if (!requested.ok()) {
-      Decide(*shape, Built(), requested, settings);
+      Decide(*shape, Built(), requested, settings.timing_fallback, kCompileFailed);
       return;
     }
     std::thread([shape, function = std::move(function), inputs = std::move(inputs), cluster = cluster_,
                  settings, num_in = num_args_] {
       Built built;
       const Status status = Build(cluster, function, inputs, num_in, &built);
-      Decide(*shape, built, status, settings);
+      Decide(*shape, built, status, settings.timing_fallback, kCompileFailed);
     }).detach();
   }
 
@@ -291,7 +293,7 @@ class ClusterKernel : public AsyncOpKernel {
     Status status = Request(ctx, &function, &inputs);
     Built built;
     if (status.ok()) status = Build(cluster_, function, inputs, num_args_, &built);
-    Decide(*shape, built, status, settings);
+    Decide(*shape, built, status, settings.timing_fallback, kCompileFailed);
   }
 
   // Loads the shape's library compiled ahead, from the path its `libraries`
@@ -309,18 +311,7 @@ class ClusterKernel : public AsyncOpKernel {
       built.sha256 = library_sha256_[shape->ahead];
       status = Load(cluster_, num_args_, &built);
     }
-    std::lock_guard<std::mutex> lock(shape->mu);
-    if (status.ok()) {
-      shape->fn = built.fn;
-      shape->library = built.library;
-      shape->sha256 = built.sha256;
-      shape->state = Shape::State::kTVM;
-      Report(*shape, "tvm", "");
-    } else {
-      shape->state = Shape::State::kTF;
-      Report(*shape, "tf", absl::StrCat("its library compiled ahead does not load: ", status.message()));
-    }
-    shape->compiled.notify_all();
+    Decide(*shape, built, status, /*timed=*/false, "its library compiled ahead does not load: ");
   }
 
   // What a compile made: the library, and the function loaded from it.
@@ -373,8 +364,9 @@ class ClusterKernel : public AsyncOpKernel {
     return Status();
   }
 
-  // What a compile ends in: timing against TF, TVM, or TF with the reason.
-  static void Decide(Shape& shape, const Built& built, const Status& status, const TvmdsoopAutoSettings& settings) {
+  // What a compile (or the load of a library compiled ahead) ends in: timing
+  // against TF when `timed`, TVM, or TF with the reason after `failed`.
+  static void Decide(Shape& shape, const Built& built, const Status& status, bool timed, const char* failed) {
     std::lock_guard<std::mutex> lock(shape.mu);
     shape.compile_seconds = built.seconds;
     shape.library = built.library;
@@ -382,11 +374,11 @@ class ClusterKernel : public AsyncOpKernel {
     shape.flops = built.flops;
     if (!status.ok()) {
       shape.state = Shape::State::kTF;
-      Report(shape, "tf", absl::StrCat("the compile failed: ", status.message()));
+      Report(shape, "tf", absl::StrCat(failed, status.message()));
     } else {
       shape.fn = built.fn;
-      shape.state = settings.timing_fallback ? Shape::State::kTiming : Shape::State::kTVM;
-      Report(shape, settings.timing_fallback ? "timing" : "tvm", "");
+      shape.state = timed ? Shape::State::kTiming : Shape::State::kTVM;
+      Report(shape, timed ? "timing" : "tvm", "");
     }
     shape.compiled.notify_all();
   }
