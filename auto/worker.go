@@ -17,8 +17,12 @@ import (
 // is told to go: a server holds no Python and TensorFlow beyond its compiles.
 var workerIdle = 60 * time.Second
 
-// errWorkerGone is a worker that ended before it answered.
-var errWorkerGone = errors.New("the compile worker ended")
+// errWorkerGone is a worker that ended before it answered; errTimeout, one
+// that did not answer in time.
+var (
+	errWorkerGone = errors.New("the compile worker ended")
+	errTimeout    = errors.New("timeout")
+)
 
 // worker is one `python -m tf_op.compiler.cluster`, which answers one request
 // a line (cluster.py) and is kept for the next compiles: each one after the
@@ -114,8 +118,6 @@ func (w *worker) ask(request []byte, timeout time.Duration) (string, error) {
 		return "", errTimeout
 	}
 }
-
-var errTimeout = errors.New("timeout")
 
 // askWorker has a worker of python answer request: the running one, or a new
 // one where there is none, it runs another Python, or it ended (it is tried
