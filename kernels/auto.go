@@ -51,18 +51,19 @@ func TVMDSOOpAutoConfigure(options *C.char) (errMsg *C.char) {
 //
 //export TVMDSOOpAutoOptions
 func TVMDSOOpAutoOptions() *C.char {
-	out, err := json.Marshal(auto.Current())
-	if err != nil {
-		out, _ = json.Marshal(map[string]string{"error": err.Error()})
-	}
-	return C.CString(string(out))
+	return cJSON(auto.Current())
 }
 
 // TVMDSOOpAutoReport returns the report (auto.Report) as malloc'ed JSON.
 //
 //export TVMDSOOpAutoReport
 func TVMDSOOpAutoReport() *C.char {
-	out, err := json.Marshal(auto.Report())
+	return cJSON(auto.Report())
+}
+
+// cJSON returns v as malloc'ed JSON, or {"error": ...} where it has none.
+func cJSON(v any) *C.char {
+	out, err := json.Marshal(v)
 	if err != nil {
 		out, _ = json.Marshal(map[string]string{"error": err.Error()})
 	}
