@@ -123,6 +123,11 @@ def _cluster(record: dict[str, Any]) -> Cluster:
                    record["compile_seconds"], shapes)
 
 
+def _options() -> dict[str, Any]:
+    """The options in force, as ``_configure`` takes them."""
+    return json.loads(_library.take_string(_library.c_function("TVMDSOOpAutoOptions", (), ctypes.c_void_p)()))
+
+
 def _configure(options: dict[str, Any]) -> None:
     configure = _library.c_function("TVMDSOOpAutoConfigure", (ctypes.c_char_p,), ctypes.c_void_p)
     error = _library.take_string(configure(json.dumps(options).encode()))

@@ -14,7 +14,6 @@ its function for every other shape.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -77,7 +76,7 @@ def convert(saved_model_dir: str | os.PathLike[str], output_dir: str | os.PathLi
     output_tensors = [t.name for t in frozen.outputs]
     examples = [_example(e, names, specs) for e in example_inputs]
 
-    previous = json.loads(_library.take_string(_library.c_function("TVMDSOOpAutoOptions", (), ctypes.c_void_p)()))
+    previous = auto._options()
     # The pass's options as convert's, for the portable libraries a SavedModel
     # carries; a cluster is made here already, and the pass, on while the
     # examples run, must not cut the graph around it again (no cluster is
