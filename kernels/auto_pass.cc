@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "kernels/auto_cluster.h"
 #include "kernels/auto_settings.h"
 #include "tensorflow/core/common_runtime/graph_constructor.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
@@ -39,6 +40,9 @@
 #include "_cgo_export.h"
 
 namespace tvmdsoop {
+
+const char kClusterFunctionAttr[] = "_tvmdsoop_cluster";
+
 namespace {
 
 using ::tensorflow::DataType;
@@ -55,17 +59,12 @@ using ::tensorflow::OutputTensor;
 using ::tensorflow::Status;
 namespace errors = ::tensorflow::errors;
 
-// The attr a cluster's function carries: the pass leaves such graphs alone (the
-// kernel runs them when TVM does not, and they must stay TF's).
-constexpr char kClusterFunctionAttr[] = "_tvmdsoop_cluster";
+}  // namespace
 
-// Which ops a cluster may hold, and which make one worth compiling (anchors).
-// Each is what TF's TFLite converter and TVM's TFLite frontend both take, in
+// Each op is what TF's TFLite converter and TVM's TFLite frontend both take, in
 // float32; fused forms are the ones TF's grappler makes before this pass runs
 // (its remapper), which the compile worker takes apart again
 // (tf_op/compiler/cluster.py).
-enum class Role { kAnchor, kMember };
-
 const absl::flat_hash_map<std::string, Role>& SupportedOps() {
   static const auto* ops = new absl::flat_hash_map<std::string, Role>{
       {"Conv2D", Role::kAnchor},
@@ -119,6 +118,8 @@ const absl::flat_hash_map<std::string, Role>& SupportedOps() {
   };
   return *ops;
 }
+
+namespace {
 
 // The fused steps of _FusedConv2D / _FusedMatMul / _FusedDepthwiseConv2dNative
 // that cluster.py takes apart.
@@ -270,15 +271,6 @@ struct Plan {
 
 std::atomic<int64_t> next_cluster{0};
 
-// How clusters are named: the pass's are numbered in the process; those of a
-// graph tf_op.auto.convert saves carry a hash of their function too, so that
-// they keep apart from the pass's, and from another converted graph's, in any
-// process that loads them.
-struct Naming {
-  std::string prefix = "tvmdsoop_cluster_";
-  bool hashed = false;
-};
-
 Status PlanCluster(Graph* g, const std::vector<int>& ids, const std::vector<int>& topo_index,
                    const Naming& naming, Plan* plan) {
   absl::flat_hash_set<int> in_cluster(ids.begin(), ids.end());
@@ -352,7 +344,7 @@ Status PlanCluster(Graph* g, const std::vector<int>& ids, const std::vector<int>
 
 // Replaces the plan's nodes with one TVMDSOOpCluster: the node is made first
 // (the one step that can fail), then the edges move and the nodes go.
-Status Rewrite(Graph* g, const Plan& plan) {
+Status Rewrite(Graph* g, const Plan& plan, const std::string& node_name) {
   std::vector<NodeBuilder::NodeOut> inputs;
   tensorflow::DataTypeVector in_types, out_types;
   for (const OutputTensor& t : plan.inputs) {
@@ -363,7 +355,7 @@ Status Rewrite(Graph* g, const Plan& plan) {
   NameAttrList function;
   function.set_name(plan.function.signature().name());
   Node* cluster = nullptr;
-  TF_RETURN_IF_ERROR(NodeBuilder(g->NewName(plan.id), "TVMDSOOpCluster")
+  TF_RETURN_IF_ERROR(NodeBuilder(node_name.empty() ? g->NewName(plan.id) : node_name, "TVMDSOOpCluster")
                          .Input(inputs)
                          .Input(std::vector<NodeBuilder::NodeOut>{})  // libraries: none compiled ahead
                          .Attr("Tin", in_types)
@@ -389,16 +381,50 @@ Status Rewrite(Graph* g, const Plan& plan) {
       g->AddEdge(cluster, static_cast<int>(i), dst, dst_input);
     }
   }
+  // The nodes' control edges with the rest of the graph become the cluster's
+  // (a loop's: auto_loop_pass.cc; the ops auto_pass.cc clusters have none).
+  absl::flat_hash_set<const Node*> members(plan.nodes.begin(), plan.nodes.end());
+  absl::flat_hash_set<Node*> before, after;
+  for (Node* n : plan.nodes) {
+    for (const Edge* e : n->in_edges()) {
+      if (e->IsControlEdge() && !e->src()->IsSource() && !members.contains(e->src())) before.insert(e->src());
+    }
+    for (const Edge* e : n->out_edges()) {
+      if (e->IsControlEdge() && !e->dst()->IsSink() && !members.contains(e->dst())) after.insert(e->dst());
+    }
+  }
+  for (Node* n : before) g->AddControlEdge(n, cluster);
+  for (Node* n : after) g->AddControlEdge(cluster, n);
   for (Node* n : plan.nodes) g->RemoveNode(n);
   tensorflow::FixupSourceAndSinkEdges(g);
   return Status();
 }
+
+}  // namespace
 
 bool FunctionAttrTrue(const FunctionDef* f, const char* name) {
   if (f == nullptr) return false;
   auto it = f->attr().find(name);
   return it != f->attr().end() && it->second.b();
 }
+
+Status Encapsulate(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const std::vector<int>& ids,
+                   const std::vector<int>& topo_index, const Naming& naming, const std::string& graph_name,
+                   const std::string& node_name) {
+  Plan plan;
+  Status planned = PlanCluster(g, ids, topo_index, naming, &plan);
+  if (planned.ok()) planned = flib->AddFunctionDef(plan.function);
+  if (planned.ok()) planned = Rewrite(g, plan, node_name);
+  const std::string ops = absl::StrJoin(plan.op_types, ",");
+  VLOG(1) << "tf_op.auto: " << graph_name << ": " << plan.id << " of " << plan.nodes.size() << " ops (" << ops
+          << "): " << (planned.ok() ? "made" : planned.ToString());
+  const std::string reason = planned.ok() ? "" : std::string(planned.message());
+  tvmdsoopAutoClusterMade(const_cast<char*>(plan.id.c_str()), const_cast<char*>(graph_name.c_str()),
+                          const_cast<char*>(ops.c_str()), const_cast<char*>(reason.c_str()));
+  return planned;
+}
+
+namespace {
 
 // Clusters g (a function's graph, graph_name, or a session's) in place: each
 // cluster's function goes into flib, and the report hears of each cluster.
@@ -432,16 +458,7 @@ void ClusterGraph(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const s
       anchors += SupportedOps().at(n->type_string()) == Role::kAnchor ? 1 : 0;
     }
     if (anchors == 0 || size < min_cluster_size) continue;
-    Plan plan;
-    Status planned = PlanCluster(g, ids, topo_index, naming, &plan);
-    if (planned.ok()) planned = flib->AddFunctionDef(plan.function);
-    if (planned.ok()) planned = Rewrite(g, plan);
-    const std::string ops = absl::StrJoin(plan.op_types, ",");
-    VLOG(1) << "tf_op.auto: " << graph_name << ": " << plan.id << " of " << plan.nodes.size() << " ops (" << ops
-            << "): " << (planned.ok() ? "made" : planned.ToString());
-    const std::string reason = planned.ok() ? "" : std::string(planned.message());
-    tvmdsoopAutoClusterMade(const_cast<char*>(plan.id.c_str()), const_cast<char*>(graph_name.c_str()),
-                            const_cast<char*>(ops.c_str()), const_cast<char*>(reason.c_str()));
+    Encapsulate(g, flib, ids, topo_index, naming, graph_name).IgnoreError();  // reported
   }
 }
 
@@ -494,6 +511,8 @@ extern "C" __attribute__((visibility("default"))) char* TVMDSOOpAutoClusterGraph
   if (!status.ok()) return fail(std::string(status.message()));
   // Placed on the CPU to be clustered, and unplaced again after: the GraphDef
   // keeps the devices it asked for, no more.
+  tvmdsoop::ClusterLoops(&g, g.mutable_flib_def(), "tf_op.auto.convert", min_cluster_size,
+                         tvmdsoop::Naming{"tvmdsoop_convert_", /*hashed=*/true});
   constexpr char kCPU[] = "/job:localhost/replica:0/task:0/device:CPU:0";
   for (tensorflow::Node* n : g.op_nodes()) n->set_assigned_device_name(kCPU);
   tvmdsoop::ClusterGraph(&g, g.mutable_flib_def(), "tf_op.auto.convert", min_cluster_size,
