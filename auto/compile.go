@@ -38,7 +38,7 @@ const (
 const stderrTailLines = 20
 
 // Compile has the Python of o compile cluster's function (a serialized
-// FunctionDef) for these inputs, or find it in the compile cache, and returns
+// FunctionDefLibrary: its function first, then those it calls) for these inputs, or find it in the compile cache, and returns
 // the library. The compile worker (worker.go) is kept for the next compiles,
 // and killed past o's timeout.
 func Compile(cluster string, function []byte, inputs []Input, o Options) (Compiled, error) {

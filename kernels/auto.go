@@ -95,7 +95,7 @@ func tvmdsoopAutoShapeEvent(cluster, shape, status, reason *C.char, compileSecon
 }
 
 // tvmdsoopAutoCompile compiles a cluster's function (size bytes of a serialized
-// FunctionDef) for the inputs of inputsJSON ([{"dtype": int, "shape": [...]}]),
+// FunctionDefLibrary: its function first, then those it calls) for the inputs of inputsJSON ([{"dtype": int, "shape": [...]}]),
 // writing the library's path, its SHA-256 and the FLOPs of the part's
 // convolutions and matmuls (the compiler's count). On failure it returns a TF status
 // code and a message; every string it writes is malloc'ed for the caller to free.

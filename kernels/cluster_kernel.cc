@@ -250,13 +250,27 @@ class ClusterKernel : public AsyncOpKernel {
     return shape;
   }
 
-  // The compile request: the part's function and the inputs' dtypes and shapes.
+  // The compile request: the part's function (a FunctionDefLibrary: the
+  // part's function first, then those it calls, as a loop's cond and body, by
+  // name) and the inputs' dtypes and shapes.
   Status Request(OpKernelContext* ctx, std::string* function, std::string* inputs) {
     FunctionLibraryRuntime* lib = ctx->function_library();
     if (lib == nullptr) return errors::Internal("no function library to read the cluster's function from");
-    const tensorflow::FunctionDef* fdef = lib->GetFunctionLibraryDefinition()->Find(function_.name());
+    const tensorflow::FunctionLibraryDefinition* flib = lib->GetFunctionLibraryDefinition();
+    const tensorflow::FunctionDef* fdef = flib->Find(function_.name());
     if (fdef == nullptr) return errors::NotFound("the cluster's function ", function_.name(), " is not in the graph's library");
-    if (!tsl::SerializeToStringDeterministic(*fdef, function)) {
+    tensorflow::FunctionDefLibrary request;
+    *request.add_function() = *fdef;
+    const tensorflow::FunctionDefLibrary called = flib->ReachableDefinitions(*fdef).ToProto();
+    std::vector<const tensorflow::FunctionDef*> by_name;
+    for (const tensorflow::FunctionDef& f : called.function()) {
+      if (f.signature().name() != function_.name()) by_name.push_back(&f);
+    }
+    std::sort(by_name.begin(), by_name.end(), [](const tensorflow::FunctionDef* a, const tensorflow::FunctionDef* b) {
+      return a->signature().name() < b->signature().name();
+    });
+    for (const tensorflow::FunctionDef* f : by_name) *request.add_function() = *f;
+    if (!tsl::SerializeToStringDeterministic(request, function)) {
       return errors::Internal("cannot serialize the cluster's function");
     }
     std::vector<std::string> specs;

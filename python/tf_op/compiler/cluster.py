@@ -8,8 +8,10 @@ reads one request a line on stdin, ``{"name": N, "function": F.pb, "inputs":
 and answers each with one line on stdout (everything else it and TF print goes
 to stderr); it ends at the end of stdin.
 
-``F.pb`` is the cluster's FunctionDef as the pass made it (kernels/auto_pass.cc),
-after TF's grappler: its fused ops (``_FusedConv2D`` and the like) are taken
+``F.pb`` is a FunctionDefLibrary: the cluster's function as a pass made it
+(kernels/auto_pass.cc, after TF's grappler; or kernels/auto_loop_pass.cc, a
+whole loop, before it), then the functions it calls (a loop's cond and body).
+Its fused ops (``_FusedConv2D`` and the like) are taken
 apart into the ops TF's TFLite converter knows, and the function is traced for
 the inputs' static shapes, then compiled as ``tf_op.compile`` compiles (the
 TFLite converter, the TVM worker, the same cache) for this machine's CPU, or
@@ -23,15 +25,17 @@ the tracing only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.eager import context
 from tensorflow.python.framework import function_def_to_graph
 
 from tf_op.compiler import cache, flops, tflite_conversion
@@ -187,12 +191,15 @@ def _erfc(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
     return steps.nodes()
 
 
-def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]]) -> Any:
+def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
+                      called: Sequence[function_pb2.FunctionDef] = ()) -> Any:
     """The cluster's function as a ConcreteFunction of its inputs (named
-    ``input_0``...), its fused ops taken apart, for these static shapes."""
+    ``input_0``...), its fused ops taken apart, for these static shapes;
+    ``called``: the functions it calls."""
     shapes = [tf.TensorShape(spec["shape"]) for spec in inputs]
     graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef, input_shapes=shapes)
     unfuse(graph_def)
+    graph_def.library.function.extend(called)
     arg_names = [f"{arg.name}:0" for arg in fdef.signature.input_arg]
     out_names = [names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg]
 
@@ -205,23 +212,46 @@ def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str,
     return tf.function(body).get_concrete_function(*specs)
 
 
-def compile_cluster(name: str, fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
+def compile_cluster(name: str, library: function_pb2.FunctionDefLibrary, inputs: Sequence[dict[str, Any]],
                     cache_dir: str | None, target: str = HOST_TARGET) -> dict[str, Any]:
-    """The library of the cluster for these inputs, from the cache or compiled
-    now for ``target``: its path, its sha256 and the part's FLOPs."""
-    concrete = concrete_function(fdef, inputs)
-    fingerprint = tflite_conversion.fingerprint(concrete)
-    lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
-                                target, 0, cache.folder(cache_dir), name)
-    return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
+    """The library of the cluster (``library``'s first function, calling the
+    others) for these inputs, from the cache or compiled now for ``target``:
+    its path, its sha256 and the part's FLOPs."""
+    if not library.function:
+        raise CompileError(f"{name}: the request holds no function")
+    with _registered(library.function[1:]):
+        concrete = concrete_function(library.function[0], inputs, library.function[1:])
+        fingerprint = tflite_conversion.fingerprint(concrete)
+        lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
+                                    target, 0, cache.folder(cache_dir), name)
+        return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
+
+
+@contextlib.contextmanager
+def _registered(functions: Sequence[function_pb2.FunctionDef]) -> Iterator[None]:
+    """The functions a cluster's function calls, in TF's eager context while it
+    is traced and converted (where TF looks them up), and out of it after: the
+    next request may come from another process's graph, whose functions may
+    have the same names."""
+    ctx = context.context()
+    for f in functions:
+        if ctx.has_function(f.signature.name):
+            ctx.remove_function(f.signature.name)
+        ctx.add_function_def(f)
+    try:
+        yield
+    finally:
+        for f in functions:
+            if ctx.has_function(f.signature.name):
+                ctx.remove_function(f.signature.name)
 
 
 def answer(request: dict[str, Any]) -> str:
     """The answer line to one request."""
     try:
         with open(request["function"], "rb") as f:
-            fdef = function_pb2.FunctionDef.FromString(f.read())
-        compiled = compile_cluster(request["name"], fdef, request["inputs"], request.get("cache_dir") or None,
+            library = function_pb2.FunctionDefLibrary.FromString(f.read())
+        compiled = compile_cluster(request["name"], library, request["inputs"], request.get("cache_dir") or None,
                                    request.get("target") or HOST_TARGET)
     except Exception as err:  # noqa: BLE001  (each way a cluster fails to compile is one answer: TF runs it)
         logging.getLogger(__package__).debug("compile failed", exc_info=True)
