@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -33,6 +34,11 @@ def _graph(body: Callable[..., tf.Tensor], *specs: tf.TensorSpec) -> tf.Graph:
     (lambda a: tf.nn.relu(a) * 2.0, [tf.TensorSpec([8, 8])], 0),
     # an unknown batch: nothing to count
     (lambda x: tf.nn.conv2d(x, tf.ones([3, 3, 4, 8]), 1, "SAME"), [tf.TensorSpec([None, 6, 6, 4])], 0),
+    # a loop: its body's, times maximum_iterations
+    (lambda a: tf.while_loop(lambda i, v: i < 100, lambda i, v: (i + 1, tf.matmul(v, tf.ones([3, 3]))), (0, a),
+                             maximum_iterations=4)[1], [tf.TensorSpec([2, 3])], 4 * 2 * 2 * 3 * 3),
+    # an LSTM's: each of its 5 steps multiplies the input (3) and the state (8) by 4 gates' weights
+    (keras.layers.LSTM(8), [tf.TensorSpec([2, 5, 3])], 5 * (2 * 2 * 32 * 3 + 2 * 2 * 32 * 8)),
 ])
 def test_conv_matmul_flops(body: Callable[..., tf.Tensor], specs: list[tf.TensorSpec], expected: int) -> None:
     assert flops.conv_matmul_flops(_graph(body, *specs)) == expected

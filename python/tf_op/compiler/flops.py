@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph
 
 _CONVOLUTIONS = {"Conv2D", "_FusedConv2D"}
 _DEPTHWISE = {"DepthwiseConv2dNative", "_FusedDepthwiseConv2dNative"}
@@ -15,10 +16,63 @@ _MATMULS = {"MatMul", "_FusedMatMul"}
 _BATCH_MATMULS = {"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"}
 
 
+_LOOPS = {"While", "StatelessWhile"}
+
+
 def conv_matmul_flops(graph: tf.Graph) -> int:
-    """The FLOPs of ``graph``'s own convolutions and matmuls (not those of the
-    functions it calls); an op whose shapes are not all static counts 0."""
-    return sum(op_flops(op) for op in graph.get_operations())
+    """The FLOPs of ``graph``'s convolutions and matmuls that its results need,
+    with those of its loops' bodies times their trip counts (loop_flops); not
+    those of other functions it calls. An op whose shapes are not all static
+    counts 0."""
+    return sum(loop_flops(op) if op.type in _LOOPS else op_flops(op) for op in _needed(graph))
+
+
+def _needed(graph: tf.Graph) -> list[tf.Operation]:
+    """The ops a function's graph runs for its results and its control
+    outputs: not what TF prunes (a Keras RNN traces one step ahead of its loop,
+    for the shapes alone). All of a graph that names no results."""
+    ends = [t.op for t in getattr(graph, "outputs", [])] + list(getattr(graph, "control_outputs", []))
+    if not ends:
+        return graph.get_operations()
+    seen: set[tf.Operation] = set()
+    stack = list(ends)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return [op for op in graph.get_operations() if op in seen]
+
+
+def loop_flops(op: tf.Operation) -> int:
+    """A While's: its body's FLOPs times its trip count, which is its
+    ``maximum_iterations`` where that is static, else the length of the tensor
+    lists it steps through (a Keras RNN's sequence); 0 where neither is known."""
+    body = _body_graph(op)
+    if body is None:
+        return 0
+    trips = tf.get_static_value(op.inputs[1])
+    if trips is None:
+        lengths = [t.op.inputs[0].shape[0] for t in op.inputs if t.op.type == "TensorListFromTensor"]
+        trips = min((n for n in lengths if n is not None), default=None)
+    return int(trips) * conv_matmul_flops(body) if trips is not None else 0
+
+
+def _body_graph(op: tf.Operation) -> tf.Graph | None:
+    """A While's body as a graph: the one TF traced, or one made from its
+    FunctionDef for the loop's input shapes (a graph imported from a GraphDef,
+    as the compile worker's, keeps only the FunctionDef); None if neither can be had."""
+    body = op.graph._get_function(op.get_attr("body").name)  # noqa: SLF001  (TF's one way to a loop's body)
+    if body is None:
+        return None
+    if getattr(body, "graph", None) is not None:
+        return body.graph
+    try:
+        return function_def_to_graph.function_def_to_graph(body.definition, input_shapes=[t.shape for t in op.inputs])
+    except (ValueError, KeyError, TypeError):  # a body TF itself cannot rebuild: not counted
+        return None
 
 
 def op_flops(op: tf.Operation) -> int:
