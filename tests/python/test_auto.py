@@ -88,20 +88,56 @@ def test_what_grappler_makes_of_swish_and_residual_adds_stays_in_one_cluster(aut
     assert {"Conv2D", "_FusedConv2D"} & set(cluster.ops) and "MatMul" in "".join(cluster.ops), cluster.ops
 
 
-def test_an_lstm_cell_inside_its_loop_is_one_cluster(auto_cache: Path) -> None:
-    """A loop body's ops join one cluster, called at each step: the cycle check
-    does not follow the loop's back edge, and a constant's control edge from
-    the loop's frame stays out of the cluster's function."""
+@pytest.mark.parametrize("layer", [keras.layers.LSTM(8), keras.layers.GRU(8), keras.layers.SimpleRNN(8)],
+                         ids=["lstm", "gru", "simple-rnn"])
+def test_a_recurrent_layer_runs_its_whole_loop_in_one_cluster(auto_cache: Path, layer: keras.layers.Layer) -> None:
+    """Before TF lowers the While, the loop pass takes all of it, with the lists
+    it steps through, into one cluster: every step runs in one call to TVM. Its
+    weights are read ahead of the loop, each call: new values are used."""
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8), keras.layers.Dense(3)])
+    model = keras.Sequential([keras.Input((6, 5)), layer])
     x = np.random.default_rng(0).random((2, 6, 5), dtype=np.float32)
     tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
     run = tf.function(lambda t: model(t, training=False))
     np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
-    cells = [c for c in tf_op.auto.report() if "Split" in c.ops]
-    assert len(cells) == 1, tf_op.auto.report()
-    assert cells[0].status == "tvm", cells[0].reason
-    assert {"MatMul", "Sigmoid", "Tanh", "Mul"} <= set(cells[0].ops), cells[0].ops
+    [loop] = [c for c in tf_op.auto.report() if "While" in c.ops]
+    assert loop.status == "tvm", loop.reason
+    assert {"TensorListFromTensor", "TensorListStack"} <= set(loop.ops), loop.ops
+    [record] = loop.shape_records
+    assert record.flops > 0, "the loop's matmuls, counted over its steps"
+
+    for weight in model.weights:
+        weight.assign(weight * 0.5)
+    np.testing.assert_allclose(run(x).numpy(), model(x, training=False).numpy(), rtol=RTOL, atol=ATOL)
+    assert [c.status for c in tf_op.auto.report() if "While" in c.ops] == ["tvm"]
+
+
+def test_a_loop_body_the_loop_pass_cannot_take_is_one_cluster_inside_its_frame(auto_cache: Path) -> None:
+    """A loop the loop pass leaves (its body writes a variable) is lowered by TF;
+    its body's ops still join one cluster, called at each step: the cycle check
+    does not follow the loop's back edge, and a constant's control edge from
+    the loop's frame stays out of the cluster's function."""
+    steps = tf.Variable(0.0)
+    w = tf.constant(np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32) * 0.5)
+
+    def body(i: tf.Tensor, h: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        steps.assign_add(1.0)
+        return i + 1, tf.tanh(tf.nn.bias_add(tf.matmul(h, w), tf.constant([0.1, 0.2, 0.3, 0.4]))) * h
+
+    def loop(h: tf.Tensor) -> tf.Tensor:
+        return tf.while_loop(lambda i, h: i < 5, body, (0, h))[1]
+
+    x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    want = x
+    for _ in range(5):
+        want = np.tanh(want @ w.numpy() + [0.1, 0.2, 0.3, 0.4]) * want
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    np.testing.assert_allclose(tf.function(loop)(x).numpy(), want, rtol=RTOL, atol=ATOL)
+    assert steps.numpy() == 5.0
+    assert not [c for c in tf_op.auto.report() if "While" in c.ops], tf_op.auto.report()
+    [cell] = tf_op.auto.report()
+    assert cell.status == "tvm", cell.reason
+    assert {"MatMul", "Mul"} <= {op.removeprefix("_Fused") for op in cell.ops}, cell.ops
 
 
 def test_erfc_runs_on_tvm_within_float32_noise(auto_cache: Path) -> None:
