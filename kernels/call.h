@@ -96,14 +96,23 @@ struct ReturnedValue {
 // op's outputs: without a copy where TF can take the memory, else copied. What
 // came back is checked against what the op declares: the count, each dtype,
 // each known dimension.
+//
+// A failure is returned, not set on ctx (TF cannot take a failure back), so
+// that a caller may run the op another way: TVMDSOOpCluster runs TF's function
+// then. Until the last step every failure leaves the op's outputs unset: the
+// inputs' aligned copies (allocate_temp) and their wrapping for TVM, the call
+// itself (whatever TVM's code raises), and the checks of what it returned, all
+// of which come before the first output is set. Only the last step, setting the
+// outputs, may fail with some of them set: where TF cannot allocate an output
+// that must be copied, or a copy to the device fails (ctx->mutable_output tells).
 template <typename Placement>
-void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
-                           absl::Span<const PartialTensorShape> declared, int64_t alignment) {
+Status CallReturningFunctionStatus(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
+                                   absl::Span<const PartialTensorShape> declared, int64_t alignment) {
   const std::string& where = fn.where;
   const TvmdsoopTarget& target = fn.target;
-  CALL_REQUIRES(ctx, target.arity < 0 || num_in == target.arity,
-                errors::InvalidArgument(where, ": the model's function takes ", target.arity,
-                                        " input(s), got ", num_in));
+  CALL_CHECK(target.arity < 0 || num_in == target.arity,
+             errors::InvalidArgument(where, ": the model's function takes ", target.arity,
+                                     " input(s), got ", num_in));
   const DLDevice device = placement.dl_device();
   absl::InlinedVector<ObjectPtr, 8> inputs;
   absl::InlinedVector<TVMFFIAny, 8> args(num_in);
@@ -112,10 +121,10 @@ void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Res
     const Tensor& t = ctx->input(i);
     auto lent = std::make_unique<LentTensor>();
     DLTensor& dl = lent->managed.dl_tensor;
-    CALL_REQUIRES(ctx, ToDLDataType(t.dtype(), &dl.dtype),
-                  errors::InvalidArgument(where, ": input ", i, " has dtype ",
-                                          tensorflow::DataTypeString(t.dtype()),
-                                          ", which DLPack cannot describe"));
+    CALL_CHECK(ToDLDataType(t.dtype(), &dl.dtype),
+               errors::InvalidArgument(where, ": input ", i, " has dtype ",
+                                       tensorflow::DataTypeString(t.dtype()),
+                                       ", which DLPack cannot describe"));
     lent->keep = t;
     char* data = const_cast<char*>(t.tensor_data().data());
     const size_t size = t.TotalBytes();
@@ -123,8 +132,8 @@ void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Res
       // The copy lives as long as TVM holds the tensor, like TF's own buffer.
       Tensor block;
       char* aligned = nullptr;
-      OP_REQUIRES_OK(ctx, AlignedTemp(ctx, size, alignment, &block, &aligned));
-      OP_REQUIRES_OK(ctx, placement.Copy(aligned, data, size));
+      TF_RETURN_IF_ERROR(AlignedTemp(ctx, size, alignment, &block, &aligned));
+      TF_RETURN_IF_ERROR(placement.Copy(aligned, data, size));
       lent->keep = std::move(block);
       data = aligned;
     }
@@ -139,8 +148,8 @@ void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Res
     lent->managed.deleter = LentTensor::Delete;
     TVMFFIObjectHandle handle = nullptr;
     const int wrapped = dsoop_tensor_from_dlpack(&lent->managed, &handle, &err);
-    CALL_REQUIRES_DSOOP(ctx, wrapped == 0, err,
-                        errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
+    CALL_CHECK_DSOOP(wrapped == 0, err,
+                     errors::ResourceExhausted(where, ": input ", i, ": ", err.message ? err.message : ""));
     lent.release();  // TVM owns it now, and deletes it when it drops the tensor
     inputs.emplace_back(handle);
     args[i].type_index = kTVMFFITensor;
@@ -152,7 +161,7 @@ void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Res
   const int rc = fn.is_model() ? dsoop_vm_call(target.pool, target.vm_index, args.data(), num_in,
                                                placement.stream(), &result.value, &err)
                                : placement.Call(target.fn, args.data(), num_in, &result.value, &err);
-  CALL_REQUIRES_DSOOP(ctx, rc == 0, err, TVMCallFailure(where, err));
+  CALL_CHECK_DSOOP(rc == 0, err, TVMCallFailure(where, err));
   inputs.clear();  // TVM keeps its own references to what it holds on to
 
   const int num_out = static_cast<int>(declared.size());
@@ -160,17 +169,36 @@ void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Res
   const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
   absl::InlinedVector<ObjectPtr, 4> outputs;
   for (TVMFFIObjectHandle h : handles) outputs.emplace_back(h);
-  CALL_REQUIRES_DSOOP(ctx, count >= 0, err,
-                      errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
-  CALL_REQUIRES(ctx, count == num_out,
-                errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ",
-                                        num_out, " output(s) (output_shapes/output_dtypes)"));
+  CALL_CHECK_DSOOP(count >= 0, err, errors::InvalidArgument(where, ": ", err.message ? err.message : ""));
+  CALL_CHECK(count == num_out,
+             errors::InvalidArgument(where, ": returned ", count, " tensor(s), but the op declares ", num_out,
+                                     " output(s) (output_shapes/output_dtypes)"));
+  // Every output checked before the first is set (see above).
+  absl::InlinedVector<ManagedPtr, 4> views(num_out);
+  absl::InlinedVector<TensorShape, 4> shapes(num_out);
   for (int i = 0; i < num_out; ++i) {
     DLManagedTensor* view = nullptr;
     const int exported = dsoop_tensor_to_dlpack(outputs[i].get(), &view, &err);
-    CALL_REQUIRES_DSOOP(ctx, exported == 0, err,
-                        errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
-    OP_REQUIRES_OK(ctx, SetReturnedOutput(ctx, placement, where, i, ManagedPtr(view), declared[i]));
+    CALL_CHECK_DSOOP(exported == 0, err,
+                     errors::Internal(where, ": output ", i, ": ", err.message ? err.message : ""));
+    views[i].reset(view);
+    TF_RETURN_IF_ERROR(
+        CheckReturnedOutput(ctx, placement, where, i, views[i]->dl_tensor, declared[i], &shapes[i]));
+  }
+  for (int i = 0; i < num_out; ++i) {
+    TF_RETURN_IF_ERROR(SetReturnedOutput(ctx, placement, i, std::move(views[i]), shapes[i]));
+  }
+  return Status();
+}
+
+// CallReturningFunctionStatus for a kernel whose call fails the op when the
+// function fails: the failure set on ctx.
+template <typename Placement>
+void CallReturningFunction(OpKernelContext* ctx, Placement& placement, const Resolved& fn, int num_in,
+                           absl::Span<const PartialTensorShape> declared, int64_t alignment) {
+  Status status = CallReturningFunctionStatus(ctx, placement, fn, num_in, declared, alignment);
+  if (ABSL_PREDICT_FALSE(!status.ok())) {
+    FailCall(ctx, __FILE__, __LINE__, [&]() -> Status { return std::move(status); });
   }
 }
 

@@ -4,8 +4,9 @@
 // first call, times it against TF's run of the part on the next calls, and then
 // runs the faster: TVM's code, called as TVMDSOOp calls a model, or the part's
 // function through TF's function runtime. Whatever fails on the way (the
-// compile, loading what it made) sends the shape to TF, with the reason in
-// tf_op.auto.report(): a cluster never fails the user's step for TVM's sake.
+// compile, loading what it made, TVM's code failing at run time) sends the
+// shape to TF, with the reason in tf_op.auto.report(): a cluster never fails
+// the user's step for TVM's sake.
 //
 // A cluster of a converted SavedModel (tf_op.auto.convert) also holds
 // libraries compiled ahead for some input shapes (its `libraries` inputs, as
@@ -25,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,7 +53,7 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::PartialTensorShape;
 using ::tensorflow::Status;
 using ::tensorflow::Tensor;
-using internal::CallReturningFunction;
+using internal::CallReturningFunctionStatus;
 using internal::CpuPlacement;
 using internal::Resolved;
 namespace errors = ::tensorflow::errors;
@@ -62,6 +65,8 @@ constexpr int kTimedRuns = 5;
 constexpr int64_t kAlignment = 64;
 // How the report's reason starts when a compile fails.
 constexpr char kCompileFailed[] = "the compile failed: ";
+// How it starts when TVM's code fails for a call.
+constexpr char kRunFailed[] = "TVM's code failed at run time: ";
 
 // One input shape signature of a cluster, and what runs it.
 struct Shape {
@@ -130,10 +135,9 @@ class ClusterKernel : public AsyncOpKernel {
     const bool enabled = tvmdsoop_auto_enabled() != 0;
     // The shape that last ran TVM's code, found without a lock: a graph called
     // with the same shapes step after step pays for no more than this.
-    const Shape* latest = latest_tvm_.load(std::memory_order_acquire);
+    Shape* latest = latest_tvm_.load(std::memory_order_acquire);
     if (latest != nullptr && (enabled || latest->ahead >= 0) && latest->Matches(*ctx, num_args_)) {
-      RunTVM(ctx, *latest->fn);
-      done();
+      if (RunTVM(ctx, latest, *latest->fn, done)) done();
       return;
     }
     if (!enabled && library_shapes_.empty()) {  // tf_op.auto.disable(): clusters run as TF would
@@ -183,10 +187,11 @@ class ClusterKernel : public AsyncOpKernel {
     switch (shape->state) {
       case Shape::State::kTVM: {
         const Resolved* fn = shape->fn;
-        lock.unlock();
+        // Under the lock, so that a shape TVMFailed sends to TF while this call
+        // runs does not come back to the fast path.
         latest_tvm_.store(shape.get(), std::memory_order_release);
-        RunTVM(ctx, *fn);
-        done();
+        lock.unlock();
+        if (RunTVM(ctx, shape.get(), *fn, done)) done();
         return;
       }
       case Shape::State::kTiming: {
@@ -204,9 +209,10 @@ class ClusterKernel : public AsyncOpKernel {
           const Resolved* fn = shape->fn;
           lock.unlock();
           const Clock::time_point start = Clock::now();
-          RunTVM(ctx, *fn);
-          Timed(shape, /*tvm=*/true, std::chrono::duration<double>(Clock::now() - start).count());
-          done();
+          if (RunTVM(ctx, shape.get(), *fn, done)) {
+            Timed(shape, /*tvm=*/true, std::chrono::duration<double>(Clock::now() - start).count());
+            done();
+          }
           return;
         }
         lock.unlock();
@@ -428,10 +434,49 @@ class ClusterKernel : public AsyncOpKernel {
                            shape.flops);
   }
 
-  void RunTVM(OpKernelContext* ctx, const Resolved& fn) {
+  // Runs the shape's TVM code, fn, on this call's inputs: true when it ran,
+  // the outputs set and `done` left to the caller. False when it failed: then
+  // TVMFailed has taken `done`, and this call runs TF.
+  bool RunTVM(OpKernelContext* ctx, Shape* shape, const Resolved& fn, DoneCallback& done) {
     CpuPlacement placement;
-    OP_REQUIRES_OK(ctx, placement.Init(ctx));
-    CallReturningFunction(ctx, placement, fn, num_args_, declared_, kAlignment);
+    Status status = placement.Init(ctx);
+    if (ABSL_PREDICT_TRUE(status.ok())) {
+      status = CallReturningFunctionStatus(ctx, placement, fn, num_args_, declared_, kAlignment);
+    }
+    if (ABSL_PREDICT_TRUE(status.ok())) return true;
+    TVMFailed(ctx, shape, status, std::move(done));
+    return false;
+  }
+
+  // TVM's code failed for this call: the call runs TF instead, and the shape
+  // runs TF from now on, the report saying why. Every failure of
+  // CallReturningFunctionStatus falls back so (whatever TVM's code raises, the
+  // allocation of an input's aligned copy, an input's wrapping for TVM, what
+  // it returned failing the checks), as it leaves the outputs unset, but one:
+  // TF failing to allocate an output that must be copied once an earlier output
+  // is set. TF cannot set an output twice (its set_output CHECK-fails), so that
+  // call fails its step; the shape still goes to TF. Out of line: the calls
+  // that run TVM's code never come here.
+  ABSL_ATTRIBUTE_NOINLINE void TVMFailed(OpKernelContext* ctx, Shape* shape, const Status& status,
+                                         DoneCallback done) {
+    {
+      std::lock_guard<std::mutex> lock(shape->mu);
+      if (shape->state != Shape::State::kTF) {
+        shape->state = Shape::State::kTF;
+        Report(*shape, "tf", absl::StrCat(kRunFailed, status.message()));
+      }
+      // Under the lock, as the kTVM case stores it: the fast path stops here.
+      Shape* expected = shape;
+      latest_tvm_.compare_exchange_strong(expected, nullptr, std::memory_order_acq_rel);
+    }
+    for (int i = 0; i < num_outputs(); ++i) {
+      if (ctx->mutable_output(i) != nullptr) {
+        ctx->SetStatus(status);
+        done();
+        return;
+      }
+    }
+    RunTF(ctx, std::move(done), nullptr);
   }
 
   // Runs the part as TF would have, from its function; timing it for `timed`.
@@ -490,7 +535,7 @@ class ClusterKernel : public AsyncOpKernel {
   std::vector<std::string> library_sha256_, library_shapes_;
   std::vector<PartialTensorShape> declared_;  // unknown: any shape
   // The shape that last ran TVM's code; one of shapes_, which lives as long as the kernel.
-  std::atomic<const Shape*> latest_tvm_{nullptr};
+  std::atomic<Shape*> latest_tvm_{nullptr};
   std::mutex mu_;  // guards shapes_, compiled_shapes_ and handles_
   std::vector<std::shared_ptr<Shape>> shapes_;
   int compiled_shapes_ = 0;  // the shapes not compiled ahead

@@ -1,6 +1,7 @@
 // returned_output.h: what a function that returns its outputs gave back, made
-// the op's outputs: checked against what the op declares, then taken without a
-// copy where TF can take the memory (ReturnedBuffer), else copied.
+// the op's outputs: checked against what the op declares (all of them first),
+// then taken without a copy where TF can take the memory (ReturnedBuffer), else
+// copied.
 #ifndef TVMDSOOP_KERNELS_RETURNED_OUTPUT_H_
 #define TVMDSOOP_KERNELS_RETURNED_OUTPUT_H_
 
@@ -59,13 +60,15 @@ class ReturnedBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-// Makes what a function returned output i: checked against the declared dtype
-// and shape, then taken as it is, or copied where TF cannot take it (below
-// TF's alignment, or on another device).
+// Checks what a function returned for output i against what the op declares
+// (its dtype, the known dimensions) and what the op can take (a compact tensor,
+// on the op's device or the host), and gives its shape. It sets nothing: every
+// output is checked before the first is set (SetReturnedOutput), so that a call
+// that fails here leaves the op's outputs unset.
 template <typename Placement>
-inline Status SetReturnedOutput(OpKernelContext* ctx, Placement& placement, const std::string& where,
-                                int i, ManagedPtr returned, const PartialTensorShape& declared) {
-  const DLTensor& dl = returned->dl_tensor;
+inline Status CheckReturnedOutput(OpKernelContext* ctx, const Placement& placement, const std::string& where,
+                                  int i, const DLTensor& dl, const PartialTensorShape& declared,
+                                  TensorShape* shape) {
   const DataType dtype = ctx->expected_output_dtype(i);
   DLDataType want;
   if (!ToDLDataType(dtype, &want)) {
@@ -76,18 +79,37 @@ inline Status SetReturnedOutput(OpKernelContext* ctx, Placement& placement, cons
     return errors::InvalidArgument(where, ": output ", i, " is ", DLTypeName(dl.dtype),
                                    ", but the op declares ", tensorflow::DataTypeString(dtype));
   }
-  TensorShape shape;
   for (int d = 0; d < dl.ndim; ++d) {
-    TF_RETURN_IF_ERROR(shape.AddDimWithStatus(dl.shape[d]));
+    TF_RETURN_IF_ERROR(shape->AddDimWithStatus(dl.shape[d]));
   }
-  if (!declared.IsCompatibleWith(shape)) {
-    return errors::InvalidArgument(where, ": output ", i, " has shape ", shape.DebugString(),
+  if (!declared.IsCompatibleWith(*shape)) {
+    return errors::InvalidArgument(where, ": output ", i, " has shape ", shape->DebugString(),
                                    ", but the op declares ", declared.DebugString());
   }
   if (!IsCompact(dl)) {
     return errors::InvalidArgument(where, ": output ", i,
                                    " is a strided view; the op takes compact tensors only");
   }
+  const DLDevice device = placement.dl_device();
+  const bool same_device =
+      dl.device.device_type == device.device_type && dl.device.device_id == device.device_id;
+  if (!same_device && dl.device.device_type != kDLCPU) {
+    return errors::Internal(where, ": output ", i, " is on device type ", dl.device.device_type,
+                            " ", dl.device.device_id, "; the op runs on device type ",
+                            device.device_type, " ", device.device_id);
+  }
+  return Status();
+}
+
+// Makes what a function returned output i, once CheckReturnedOutput has passed
+// it as of `shape`: taken as it is, or copied where TF cannot take it (below
+// TF's alignment, or on the host for an op on a GPU). It fails only where TF
+// cannot allocate the copy, or the copy fails.
+template <typename Placement>
+inline Status SetReturnedOutput(OpKernelContext* ctx, Placement& placement, int i, ManagedPtr returned,
+                                const TensorShape& shape) {
+  const DLTensor& dl = returned->dl_tensor;
+  const DataType dtype = ctx->expected_output_dtype(i);
   const DLDevice device = placement.dl_device();
   const bool same_device =
       dl.device.device_type == device.device_type && dl.device.device_id == device.device_id;
@@ -105,10 +127,7 @@ inline Status SetReturnedOutput(OpKernelContext* ctx, Placement& placement, cons
   if (bytes == 0) return Status();
   char* dst = const_cast<char*>(out->tensor_data().data());
   if (same_device) return placement.Copy(dst, data, bytes);
-  if (dl.device.device_type == kDLCPU) return placement.CopyFromHost(dst, data, bytes);
-  return errors::Internal(where, ": output ", i, " is on device type ", dl.device.device_type,
-                          " ", dl.device.device_id, "; the op runs on device type ",
-                          device.device_type, " ", device.device_id);
+  return placement.CopyFromHost(dst, data, bytes);  // CheckReturnedOutput passed only the host else
 }
 
 }  // namespace

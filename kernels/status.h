@@ -1,6 +1,8 @@
 // status.h: how the kernels fail. A TVM error becomes a TF status by its kind
 // (TVMCallFailure), and the per-call paths check with CALL_REQUIRES and
-// CALL_REQUIRES_DSOOP, which build their messages out of line, in cold code.
+// CALL_REQUIRES_DSOOP (failing the op's context), or CALL_CHECK and
+// CALL_CHECK_DSOOP (returning the status, for a path whose caller decides), which
+// build their messages out of line, in cold code.
 #ifndef TVMDSOOP_KERNELS_STATUS_H_
 #define TVMDSOOP_KERNELS_STATUS_H_
 
@@ -33,6 +35,13 @@ ABSL_ATTRIBUTE_COLD ABSL_ATTRIBUTE_NOINLINE void FailCall(OpKernelContext* ctx, 
   ctx->CtxFailure(file, line, make_status());
 }
 
+// FailCall for a path that returns its failure: the status make_status builds,
+// built as cold and out of line.
+template <typename MakeStatus>
+ABSL_ATTRIBUTE_COLD ABSL_ATTRIBUTE_NOINLINE Status CallFailure(MakeStatus make_status) {
+  return make_status();
+}
+
 }  // namespace internal
 }  // namespace tvmdsoop
 
@@ -56,6 +65,28 @@ ABSL_ATTRIBUTE_COLD ABSL_ATTRIBUTE_NOINLINE void FailCall(OpKernelContext* ctx, 
       dsoop_error_clear(&(err));                                                          \
       return;                                                                             \
     }                                                                                     \
+  } while (0)
+
+// CALL_REQUIRES for a path that returns a Status: the same check, returning the
+// status that CallFailure builds.
+#define CALL_CHECK(condition, status)                          \
+  do {                                                         \
+    if (ABSL_PREDICT_FALSE(!(condition))) {                    \
+      return ::tvmdsoop::internal::CallFailure(                \
+          [&]() -> ::tensorflow::Status { return (status); }); \
+    }                                                          \
+  } while (0)
+
+// CALL_CHECK after a dsoop call that reports its failure in err: the status may
+// read err, which is cleared once the status is built.
+#define CALL_CHECK_DSOOP(condition, err, status)                        \
+  do {                                                                  \
+    if (ABSL_PREDICT_FALSE(!(condition))) {                             \
+      ::tensorflow::Status failed_ = ::tvmdsoop::internal::CallFailure( \
+          [&]() -> ::tensorflow::Status { return (status); });          \
+      dsoop_error_clear(&(err));                                        \
+      return failed_;                                                   \
+    }                                                                   \
   } while (0)
 
 #endif  // TVMDSOOP_KERNELS_STATUS_H_

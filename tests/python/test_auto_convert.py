@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import run_python
+from tensorflow.core.protobuf import saved_model_pb2
 
 import tf_op
 
@@ -126,6 +127,52 @@ def test_a_library_changed_after_conversion_is_refused_and_tf_runs(
         assert shape["status"] == "tf", shape
         assert "refusing a library that is not the one the model was built with" in shape["reason"], shape
         assert "SHA-256" in shape["reason"], shape
+
+
+def _claim_library_serves(saved_model: Path, batch: int, other: int) -> int:
+    """Edits the SavedModel's graph so that each cluster's library compiled for
+    ``batch`` claims to serve ``other`` (its ``library_shapes`` entry; the
+    library itself, and its SHA-256, stay as they were); returns how many
+    entries it changed."""
+    model = saved_model_pb2.SavedModel.FromString(saved_model.read_bytes())
+    changed = 0
+    for meta in model.meta_graphs:
+        graph = meta.graph_def
+        # The cluster's node is in the signature's function, or in the graph.
+        for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+            if node.op != "TVMDSOOpCluster":
+                continue
+            shapes = node.attr["library_shapes"].list.s
+            for i, entry in enumerate(shapes):
+                # Each input's shape, "[1,16,16,3]" for the images.
+                dims = entry.decode().split(" ")
+                if dims[0].startswith(f"[{batch},"):
+                    dims[0] = f"[{other}," + dims[0][len(f"[{batch},"):]
+                    shapes[i] = " ".join(dims).encode()
+                    changed += 1
+    saved_model.write_bytes(model.SerializeToString())
+    return changed
+
+
+def test_tvm_code_failing_at_run_time_runs_tf_and_sends_the_shape_to_tf(
+        converted: tuple[Path, list[tf_op.auto.Cluster]], tmp_path: Path) -> None:
+    # An authentic library, said to serve batch 2 where it was compiled for 1:
+    # it loads and verifies, and TVM's VM rejects the batch-2 images at run time.
+    root, _ = converted
+    lying = tmp_path / "lying"
+    shutil.copytree(root, lying)
+    assert _claim_library_serves(lying / "converted" / "saved_model.pb", batch=1, other=2) > 0
+    # Batch 2 twice (TVM's code fails, then the shape is TF's), then 4 (TVM's still).
+    shapes = _serve_elsewhere(lying, tmp_path, (2, 2, 4))
+    assert shapes, "the clusters report their shapes"
+    for shape in shapes:
+        batch = shape["shape"].split(" ")[0]
+        if batch == "[2,16,16,3]":
+            assert shape["status"] == "tf", shape
+            assert shape["reason"].startswith("TVM's code failed at run time: "), shape
+            assert shape["library"].startswith(str(tmp_path / "moved" / "assets")), shape
+        else:
+            assert batch == "[4,16,16,3]" and shape["status"] == "tvm", shape
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
