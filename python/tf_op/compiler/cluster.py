@@ -59,8 +59,8 @@ _ACTIVATIONS = {"Relu": "Relu", "Relu6": "Relu6", "Elu": "Elu", "LeakyRelu": "Le
 
 def unfuse(graph_def: graph_pb2.GraphDef) -> None:
     """Rewrites each fused op of grappler into its steps (base op, bias add or
-    batch norm, add, activation; oneDNN's swish into x * sigmoid(x); Erfc,
-    which TFLite lacks, into ops it has), the last
+    batch norm, add, activation; oneDNN's swish into x * sigmoid(x); Erfc and
+    Erf, which TFLite lacks, into ops it has), the last
     step keeping the node's name so that its consumers need no change; and drops
     the attrs TF's runtime added to the nodes (``_class`` colocations with nodes
     outside the cluster, the pass's own mark), which the cluster's graph on its
@@ -73,6 +73,8 @@ def unfuse(graph_def: graph_pb2.GraphDef) -> None:
             nodes.extend(_swish(node))
         elif node.op == "Erfc":
             nodes.extend(_erfc(node))
+        elif node.op == "Erf":
+            nodes.extend(_erf(node))
         elif node.op in _FUSED_BASE:
             nodes.extend(_steps(node))
         else:
@@ -174,11 +176,24 @@ _ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 def _erfc(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
     """erfc(z) from ops TF's TFLite converter takes, which has no Erfc (and Erf
     only inside GELU's exact pattern, which grappler's reassociated products
-    hide): Abramowitz and Stegun's 7.1.26 for |z|, and 2 - erfc(|z|) for z < 0.
-    Within 1.5e-7 of erfc: float32 noise for Keras 3's exact GELU, 0.5 x
+    hide). Within 1.5e-7 of erfc: float32 noise for Keras 3's exact GELU, 0.5 x
     erfc(-x / sqrt 2), the Erfc TF graphs hold."""
     steps = _Steps(node)
-    z = node.input[0]
+    _erfc_of(steps, node.input[0])
+    return steps.nodes()
+
+
+def _erf(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
+    """erf(z) = 1 - erfc(z) (_erfc), for an Erf outside GELU's pattern, which
+    TFLite's converter refuses."""
+    steps = _Steps(node)
+    steps.op("Sub", steps.const(1.0), _erfc_of(steps, node.input[0]), *steps.controls)
+    return steps.nodes()
+
+
+def _erfc_of(steps: _Steps, z: str) -> str:
+    """The steps of erfc(z): Abramowitz and Stegun's 7.1.26 for |z|, and
+    2 - erfc(|z|) for z < 0; the controls of the node go on the last."""
     a = steps.op("Abs", z)
     t = steps.op("RealDiv", steps.const(1.0), steps.op("AddV2", steps.const(1.0),
                                                        steps.op("Mul", a, steps.const(_ERFC_P))))
@@ -187,8 +202,7 @@ def _erfc(node: node_def_pb2.NodeDef) -> list[node_def_pb2.NodeDef]:
         poly = steps.op("AddV2", steps.const(coefficient), steps.op("Mul", t, poly))
     tail = steps.op("Mul", steps.op("Mul", t, poly), steps.op("Exp", steps.op("Neg", steps.op("Square", a))))
     non_negative = steps.op("GreaterEqual", z, steps.const(0.0))
-    steps.op("SelectV2", non_negative, tail, steps.op("Sub", steps.const(2.0), tail), *steps.controls)
-    return steps.nodes()
+    return steps.op("SelectV2", non_negative, tail, steps.op("Sub", steps.const(2.0), tail), *steps.controls)
 
 
 def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
