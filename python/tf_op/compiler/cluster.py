@@ -25,20 +25,18 @@ the tracing only.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
-from tensorflow.python.eager import context
 from tensorflow.python.framework import function_def_to_graph
 
-from tf_op.compiler import cache, flops, tflite_conversion
+from tf_op.compiler import cache, flops, tflite_conversion, unroll
 from tf_op.compiler.compiled_function import _library
 from tf_op.compiler.errors import CompileError
 from tf_op.compiler.targets import HOST_TARGET
@@ -208,21 +206,28 @@ def _erfc_of(steps: _Steps, z: str) -> str:
 def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str, Any]],
                       called: Sequence[function_pb2.FunctionDef] = ()) -> Any:
     """The cluster's function as a ConcreteFunction of its inputs (named
-    ``input_0``...), its fused ops taken apart, for these static shapes;
-    ``called``: the functions it calls."""
+    ``input_0``...), its fused ops taken apart and its loops of few steps
+    unrolled (unroll.py), for these static shapes; ``called``: the functions
+    it calls."""
     shapes = [tf.TensorShape(spec["shape"]) for spec in inputs]
-    graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef, input_shapes=shapes)
+    # TF looks the called functions up where the graph is made: a graph of
+    # their own, not the process's eager context (the next request's may have
+    # the same names).
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=function_pb2.FunctionDefLibrary(function=called)))
+        graph_def, names = function_def_to_graph.function_def_to_graph_def(fdef, input_shapes=shapes)
     unfuse(graph_def)
     graph_def.library.function.extend(called)
+    specs = [tf.TensorSpec(spec["shape"], tf.as_dtype(spec["dtype"]), name=f"input_{i}")
+             for i, spec in enumerate(inputs)]
+    renamed = unroll.unroll(graph_def, {arg.name: spec for arg, spec in zip(fdef.signature.input_arg, specs)})
     arg_names = [f"{arg.name}:0" for arg in fdef.signature.input_arg]
-    out_names = [names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg]
+    out_names = unroll.rename([names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg], renamed)
 
     def body(*args: tf.Tensor) -> list[tf.Tensor]:
         return tf.graph_util.import_graph_def(graph_def, input_map=dict(zip(arg_names, args)),
                                               return_elements=out_names, name="cluster")
 
-    specs = [tf.TensorSpec(spec["shape"], tf.as_dtype(spec["dtype"]), name=f"input_{i}")
-             for i, spec in enumerate(inputs)]
     return tf.function(body).get_concrete_function(*specs)
 
 
@@ -233,31 +238,11 @@ def compile_cluster(name: str, library: function_pb2.FunctionDefLibrary, inputs:
     its path, its sha256 and the part's FLOPs."""
     if not library.function:
         raise CompileError(f"{name}: the request holds no function")
-    with _registered(library.function[1:]):
-        concrete = concrete_function(library.function[0], inputs, library.function[1:])
-        fingerprint = tflite_conversion.fingerprint(concrete)
-        lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
-                                    target, 0, cache.folder(cache_dir), name)
-        return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
-
-
-@contextlib.contextmanager
-def _registered(functions: Sequence[function_pb2.FunctionDef]) -> Iterator[None]:
-    """The functions a cluster's function calls, in TF's eager context while it
-    is traced and converted (where TF looks them up), and out of it after: the
-    next request may come from another process's graph, whose functions may
-    have the same names."""
-    ctx = context.context()
-    for f in functions:
-        if ctx.has_function(f.signature.name):
-            ctx.remove_function(f.signature.name)
-        ctx.add_function_def(f)
-    try:
-        yield
-    finally:
-        for f in functions:
-            if ctx.has_function(f.signature.name):
-                ctx.remove_function(f.signature.name)
+    concrete = concrete_function(library.function[0], inputs, library.function[1:])
+    fingerprint = tflite_conversion.fingerprint(concrete)
+    lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
+                                target, 0, cache.folder(cache_dir), name)
+    return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
 
 
 def answer(request: dict[str, Any]) -> str:

@@ -17,14 +17,23 @@ _BATCH_MATMULS = {"BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"}
 
 
 _LOOPS = {"While", "StatelessWhile"}
+_CALLS = {"PartitionedCall", "StatefulPartitionedCall"}
 
 
 def conv_matmul_flops(graph: tf.Graph) -> int:
     """The FLOPs of ``graph``'s convolutions and matmuls that its results need,
-    with those of its loops' bodies times their trip counts (loop_flops); not
-    those of other functions it calls. An op whose shapes are not all static
-    counts 0."""
-    return sum(loop_flops(op) if op.type in _LOOPS else op_flops(op) for op in _needed(graph))
+    with those of the functions it calls, and of its loops' bodies times their
+    trip counts (loop_flops). An op whose shapes are not all static counts 0."""
+    return sum(_flops(op) for op in _needed(graph))
+
+
+def _flops(op: tf.Operation) -> int:
+    if op.type in _LOOPS:
+        return loop_flops(op)
+    if op.type in _CALLS:  # a loop unrolled (unroll.py) calls its body at each step
+        called = _function_graph(op, "f")
+        return conv_matmul_flops(called) if called is not None else 0
+    return op_flops(op)
 
 
 def _needed(graph: tf.Graph) -> list[tf.Operation]:
@@ -50,7 +59,7 @@ def loop_flops(op: tf.Operation) -> int:
     """A While's: its body's FLOPs times its trip count, which is its
     ``maximum_iterations`` where that is static, else the length of the tensor
     lists it steps through (a Keras RNN's sequence); 0 where neither is known."""
-    body = _body_graph(op)
+    body = _function_graph(op, "body")
     if body is None:
         return 0
     trips = tf.get_static_value(op.inputs[1])
@@ -60,11 +69,12 @@ def loop_flops(op: tf.Operation) -> int:
     return int(trips) * conv_matmul_flops(body) if trips is not None else 0
 
 
-def _body_graph(op: tf.Operation) -> tf.Graph | None:
-    """A While's body as a graph: the one TF traced, or one made from its
-    FunctionDef for the loop's input shapes (a graph imported from a GraphDef,
-    as the compile worker's, keeps only the FunctionDef); None if neither can be had."""
-    body = op.graph._get_function(op.get_attr("body").name)  # noqa: SLF001  (TF's one way to a loop's body)
+def _function_graph(op: tf.Operation, attr: str) -> tf.Graph | None:
+    """The function of op's attr ``attr`` as a graph: the one TF traced, or one
+    made from its FunctionDef for op's input shapes (a graph imported from a
+    GraphDef, as the compile worker's, keeps only the FunctionDef); None if
+    neither can be had."""
+    body = op.graph._get_function(op.get_attr(attr).name)  # noqa: SLF001  (TF's one way to a called function)
     if body is None:
         return None
     if getattr(body, "graph", None) is not None:

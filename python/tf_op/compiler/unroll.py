@@ -1,0 +1,154 @@
+"""Loops unrolled before a cluster of tf_op.auto is compiled (cluster.py).
+
+A While (kernels/auto_loop_pass.cc takes whole recurrent layers into clusters)
+compiles into TVM's VM as a loop that calls each step's kernels one by one:
+about 12 µs a step for a Keras LSTM, most of it the VM's, not the kernels'.
+Where the number of steps is known ahead and small, the While becomes that
+many calls of its body in sequence, which TF's TFLite converter inlines: TVM
+then compiles straight-line code, its memory planned once (the LSTM of 32
+steps: 400 µs looped, 120 µs unrolled), at the cost of a longer compile (about
+9 s for those 32 steps against 2 s).
+
+The number of steps is known ahead when the loop's condition reads only loop
+variables whose every value follows from constants: a counter started at a
+constant and stepped by the body from such variables alone (a Keras RNN's
+step, ``time < steps``, and TF's own loop counter). The loop is then run once,
+on zeros, for that number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+
+#: The most steps a loop is unrolled for: TVM's compile grows with them.
+MAX_STEPS = 64
+
+_LOOPS = ("While", "StatelessWhile")
+
+
+def unroll(graph_def: graph_pb2.GraphDef, args: Mapping[str, tf.TensorSpec]) -> dict[str, str]:
+    """Unrolls, in place, each loop of ``graph_def`` (a cluster's graph; its
+    functions in its library; ``args``: its Placeholders by name) that runs a
+    known number of steps, at most MAX_STEPS. Returns the tensors renamed: each
+    loop's output ``W:i`` by its last step's."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    renamed: dict[str, str] = {}
+    for loop in [n for n in graph_def.node if n.op in _LOOPS]:
+        body = functions.get(loop.attr["body"].func.name)
+        cond = functions.get(loop.attr["cond"].func.name)
+        if body is None or cond is None or not _steps_known(loop, cond, body, graph_def):
+            continue
+        steps = _count_steps(graph_def, loop, args)
+        if not 0 < steps <= MAX_STEPS:
+            continue
+        renamed.update(_replace(graph_def, loop, steps))
+    return renamed
+
+
+def _steps_known(loop: node_def_pb2.NodeDef, cond: function_pb2.FunctionDef, body: function_pb2.FunctionDef,
+                 graph_def: graph_pb2.GraphDef) -> bool:
+    """Whether the loop's trip count follows from constants alone (see above)."""
+    data = [i for i in loop.input if not i.startswith("^")]
+    # TF's loops (while_v2) carry their step count first, from a constant.
+    by_name = {n.name: n for n in graph_def.node}
+    counter = by_name.get(_node(data[0]))
+    if counter is None or counter.op != "Const" or not counter.name.endswith("loop_counter"):
+        return False
+    watched = _args_reached(cond, [cond.ret[a.name] for a in cond.signature.output_arg])
+    while True:  # the variables the condition reads, and those each of their steps reads
+        more = _args_reached(body, [body.ret[body.signature.output_arg[i].name] for i in watched]) - watched
+        if not more:
+            break
+        watched |= more
+    return all(_from_constants(by_name, _node(data[i])) for i in watched)
+
+
+def _args_reached(f: function_pb2.FunctionDef, outputs: Iterable[str]) -> set[int]:
+    """The indices of f's arguments the tensors ``outputs`` (FunctionDef names:
+    ``arg`` or ``node:out:i``) are computed from."""
+    args = {a.name: i for i, a in enumerate(f.signature.input_arg)}
+    nodes = {n.name: n for n in f.node_def}
+    reached: set[int] = set()
+    stack, seen = [_node(o) for o in outputs], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in args:
+            reached.add(args[name])
+        elif name in nodes:
+            stack.extend(_node(i) for i in nodes[name].input if not i.startswith("^"))
+    return reached
+
+
+def _from_constants(by_name: Mapping[str, node_def_pb2.NodeDef], name: str) -> bool:
+    """Whether the node's value follows from constants: no argument of the
+    graph, and no loop, above it."""
+    stack, seen = [name], set()
+    while stack:
+        node = by_name.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op == "Placeholder" or node.op in _LOOPS:
+            return False
+        stack.extend(_node(i) for i in node.input)
+    return True
+
+
+def _count_steps(graph_def: graph_pb2.GraphDef, loop: node_def_pb2.NodeDef, args: Mapping[str, tf.TensorSpec]) -> int:
+    """The loop's step count: its counter at the end of one run on zeros (in a
+    graph and session of their own, which hold the loop's functions)."""
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        feed = {f"{name}:0": np.zeros(spec.shape, spec.dtype.as_numpy_dtype) for name, spec in args.items()}
+        with tf.compat.v1.Session(graph=graph) as session:
+            return int(session.run(f"{loop.name}:0", feed_dict=feed))
+
+
+def _replace(graph_def: graph_pb2.GraphDef, loop: node_def_pb2.NodeDef, steps: int) -> dict[str, str]:
+    """The loop as ``steps`` calls of its body, each taking the last's results."""
+    types = loop.attr["T"]
+    data = [i for i in loop.input if not i.startswith("^")]
+    controls = [i for i in loop.input if i.startswith("^")]
+    calls = []
+    for step in range(steps):
+        call = node_def_pb2.NodeDef(name=f"{loop.name}/tvmdsoop_step_{step}", op="PartitionedCall",
+                                    device=loop.device)
+        call.input.extend(data if step == 0 else [f"{calls[-1].name}:{i}" for i in range(len(types.list.type))])
+        if step == 0:
+            call.input.extend(controls)
+        call.attr["Tin"].CopyFrom(types)
+        call.attr["Tout"].CopyFrom(types)
+        call.attr["f"].CopyFrom(loop.attr["body"])
+        for name in ("config", "config_proto", "executor_type"):
+            call.attr[name].CopyFrom(attr_value_pb2.AttrValue(s=b""))
+        calls.append(call)
+    last = calls[-1].name
+    renamed = {f"{loop.name}:{i}": f"{last}:{i}" for i in range(len(types.list.type))}
+    renamed[loop.name] = f"{last}:0"
+    for node in graph_def.node:
+        for k, name in enumerate(node.input):
+            if name == f"^{loop.name}":
+                node.input[k] = f"^{last}"
+            elif name in renamed:
+                node.input[k] = renamed[name]
+    nodes = [n for n in graph_def.node if n.name != loop.name] + calls
+    del graph_def.node[:]
+    graph_def.node.extend(nodes)
+    return renamed
+
+
+def _node(tensor: str) -> str:
+    """The node of a tensor's name (``node``, ``node:i``, ``node:out:i``, ``^node``)."""
+    return tensor.lstrip("^").split(":")[0]
+
+
+def rename(names: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
+    """``names`` (tensors of the graph) after ``unroll``'s renames."""
+    return [renamed.get(n, renamed.get(n.removesuffix(":0"), n)) for n in names]

@@ -1,0 +1,61 @@
+"""tf_op.compiler.unroll: the loops of a tf_op.auto cluster that run a number of
+steps known ahead become that many calls of their body before the cluster is
+converted; other loops stay loops. The cluster's function is built as the
+compile worker builds it (cluster.concrete_function, from a FunctionDef and
+the functions it calls) and checked against TF running the original."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_op.compiler import cluster, unroll
+
+W = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32) * 0.5
+
+
+def _step(h: tf.Tensor) -> tf.Tensor:
+    return tf.tanh(tf.matmul(h, W))
+
+
+def _counted(steps: int) -> Callable[[tf.Tensor], tf.Tensor]:
+    return lambda x: tf.while_loop(lambda i, h: i < steps, lambda i, h: (i + 1, _step(h)), (0, x))[1]
+
+
+def _until_small(x: tf.Tensor) -> tf.Tensor:  # how many steps depends on x
+    return tf.while_loop(lambda h: tf.reduce_max(tf.abs(h)) > 0.05, lambda h: h * 0.5, (x,))[0]
+
+
+def _as_worker_builds_it(fn: Callable[[tf.Tensor], tf.Tensor], x: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The op types of the cluster's graph as the worker traces it, and what it computes for x."""
+    traced = tf.function(fn, autograph=False).get_concrete_function(tf.TensorSpec(x.shape, tf.float32))
+    called = list(traced.graph.as_graph_def().library.function)
+    spec = [{"dtype": tf.float32.as_datatype_enum, "shape": list(x.shape)}]
+    built = cluster.concrete_function(traced.function_def, spec, called)
+    [got] = built(tf.constant(x))
+    return [op.type for op in built.graph.get_operations()], got.numpy()
+
+
+@pytest.mark.parametrize("steps", [1, 5, unroll.MAX_STEPS])
+def test_a_loop_of_known_steps_becomes_that_many_calls_of_its_body(steps: int) -> None:
+    x = np.random.default_rng(1).random((3, 4), dtype=np.float32)
+    ops, got = _as_worker_builds_it(_counted(steps), x)
+    assert "While" not in ops and "StatelessWhile" not in ops, ops
+    assert ops.count("PartitionedCall") == steps
+    want = x
+    for _ in range(steps):
+        want = np.tanh(want @ W)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("fn", "why"), [(_counted(unroll.MAX_STEPS + 1), "too many steps"),
+                                         (_until_small, "steps that depend on the data")])
+def test_other_loops_stay_loops(fn: Callable[[tf.Tensor], tf.Tensor], why: str) -> None:
+    x = np.random.default_rng(2).random((3, 4), dtype=np.float32)
+    ops, got = _as_worker_builds_it(fn, x)
+    assert "While" in ops or "StatelessWhile" in ops, why
+    assert "PartitionedCall" not in ops, why
+    np.testing.assert_allclose(got, tf.function(fn, autograph=False)(x).numpy(), rtol=1e-5, atol=1e-6)
