@@ -67,7 +67,10 @@ def convert(saved_model_dir: str | os.PathLike[str], output_dir: str | os.PathLi
         raise ValueError(f"tf_op.auto.convert: {saved_model_dir} has no signature {signature_key!r}; it has "
                          f"{sorted(loaded.signatures)}")
     signature = loaded.signatures[signature_key]
-    frozen = convert_to_constants.convert_variables_to_constants_v2(signature)
+    # Loops stay functional: the loop pass (kernels/auto_loop_pass.cc) takes a
+    # While whole, and a lowered loop's frame does not survive the import of
+    # the converted graph (its control dependencies leave the frame).
+    frozen = convert_to_constants.convert_variables_to_constants_v2(signature, lower_control_flow=False)
     _, input_specs = signature.structured_input_signature
     names = sorted(input_specs)  # the order of the signature's flat inputs
     specs = [tf.TensorSpec(input_specs[n].shape, input_specs[n].dtype, name=n) for n in names]

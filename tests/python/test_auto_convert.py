@@ -189,3 +189,35 @@ def test_bad_arguments_are_refused(converted: tuple[Path, list[tf_op.auto.Cluste
     with pytest.raises(ValueError, match=message):
         tf_op.auto.convert(root / "saved", tmp_path / "out", **arguments)  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_with_a_loop_converts_and_serves_tfs_values(tmp_path: Path) -> None:
+    """A recurrent layer's loop stays a While when the signature is frozen, for
+    the loop pass to take whole (lowered, its frame did not survive the
+    converted graph's import: the convert failed). With the signature's batch
+    unknown, its tensor lists have no static element shape, which TFLite's
+    converter needs: that cluster runs TF, and says so; the Dense compiles."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8), keras.layers.Dense(3)])
+
+    class Served(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 6, 5], tf.float32, name="steps")])
+        def serve(self, steps: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"out": self.model(steps, training=False)}
+
+    served = Served()
+    tf.saved_model.save(served, str(tmp_path / "saved"), signatures={"serving_default": served.serve})
+    x = np.random.default_rng(0).random((2, 6, 5), dtype=np.float32)
+    clusters = tf_op.auto.convert(tmp_path / "saved", tmp_path / "converted", [{"steps": x}],
+                                  cache_dir=tmp_path / "cache", timing_fallback=False)
+    by_op = {("While" in c.ops): c for c in clusters}
+    assert by_op[True].status == "tf" and "element_shape" in by_op[True].reason, by_op[True]
+    assert by_op[False].status == "tvm", by_op[False]
+
+    loaded = tf.saved_model.load(str(tmp_path / "converted")).signatures["serving_default"]
+    np.testing.assert_allclose(loaded(steps=tf.constant(x))["out"].numpy(), model(x, training=False).numpy(),
+                               rtol=RTOL, atol=ATOL)
