@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/function.h"
 #include "tensorflow/core/graph/graph.h"
 
@@ -31,8 +32,26 @@ struct Naming {
   bool hashed = false;
 };
 
-// Whether f says so of itself (attr `name`, a bool, true).
-bool FunctionAttrTrue(const tensorflow::FunctionDef* f, const char* name);
+// Whether n is XLA's, one the user pinned for XLA, or a node of a cluster's
+// function: not the passes' to cluster.
+bool ClaimedElsewhere(const tensorflow::Node& n);
+
+// How each pass clusters a graph (graph_name, for the report) in place, its
+// clusters' functions going into flib.
+using ClusterFn = void (*)(tensorflow::Graph* g, tensorflow::FunctionLibraryDefinition* flib,
+                           const std::string& graph_name, int min_cluster_size, const Naming& naming);
+
+// A pass of tf_op.auto: while it is enabled, runs its ClusterFn on every graph
+// TF is about to run, but a cluster's own function (run by its kernel when TVM
+// does not) and functions the user gave to XLA, which stay as they are.
+class AutoPass : public tensorflow::GraphOptimizationPass {
+ public:
+  explicit AutoPass(ClusterFn cluster) : cluster_(cluster) {}
+  tensorflow::Status Run(const tensorflow::GraphOptimizationPassOptions& options) override;
+
+ private:
+  const ClusterFn cluster_;
+};
 
 // Replaces the nodes `ids` of g with one TVMDSOOpCluster whose function (added
 // to flib) holds them, and tells tf_op.auto.report() of it (as made, or why it
@@ -43,8 +62,8 @@ tensorflow::Status Encapsulate(tensorflow::Graph* g, tensorflow::FunctionLibrary
                                const Naming& naming, const std::string& graph_name,
                                const std::string& node_name = "");
 
-// The clusters of auto_loop_pass.cc, made in g in place (for tf_op.auto.convert,
-// which runs both passes' clustering on a GraphDef).
+// The clusters of auto_loop_pass.cc, made in g in place (its pass's ClusterFn,
+// and tf_op.auto.convert's, which runs both passes' clustering on a GraphDef).
 void ClusterLoops(tensorflow::Graph* g, tensorflow::FunctionLibraryDefinition* flib, const std::string& graph_name,
                   int min_cluster_size, const Naming& naming);
 

@@ -19,13 +19,13 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/auto_cluster.h"
-#include "kernels/auto_settings.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/attr_value.pb.h"
 #include "tensorflow/core/framework/function.pb.h"
@@ -70,19 +70,24 @@ const absl::flat_hash_set<std::string>& ConstantOps() {
   return *ops;
 }
 
-// Whether n's value follows from constants alone; the nodes on the way (not
-// the constants themselves, which the cluster copies) go into `members`.
+// Whether n's value follows from constants alone, through at most `depth`
+// ops; the nodes on the way (not the constants themselves, which the cluster
+// copies) go into `members` when it does.
 bool FromConstants(Node* n, int depth, std::set<Node*>* members) {
-  if (n->type_string() == "Const") return true;
-  if (depth == 0 || !ConstantOps().contains(n->type_string())) return false;
-  for (const Edge* e : n->in_edges()) {
-    if (e->IsControlEdge()) {
-      if (!e->src()->IsSource()) return false;
-    } else if (!FromConstants(e->src(), depth - 1, members)) {
-      return false;
+  std::set<Node*> on_the_way;
+  std::vector<std::pair<Node*, int>> stack = {{n, depth}};
+  while (!stack.empty()) {
+    auto [node, left] = stack.back();
+    stack.pop_back();
+    if (node->type_string() == "Const") continue;
+    if (left == 0 || !ConstantOps().contains(node->type_string())) return false;
+    for (const Edge* e : node->in_edges()) {
+      if (e->IsControlEdge() && !e->src()->IsSource()) return false;
+      if (!e->IsControlEdge()) stack.emplace_back(e->src(), left - 1);
     }
+    on_the_way.insert(node);
   }
-  members->insert(n);
+  members->insert(on_the_way.begin(), on_the_way.end());
   return true;
 }
 
@@ -204,9 +209,7 @@ struct LoopPlan {
 
 Status PlanLoop(Node* loop, const FunctionLibraryDefinition& flib, LoopPlan* plan) {
   plan->loop = loop;
-  for (const char* attr : {"_XlaCompile", "_XlaScope", "_XlaMustCompile", "_xla_compile_id", kClusterFunctionAttr}) {
-    if (loop->attrs().Find(attr) != nullptr) return errors::Unimplemented("XLA's, or a cluster's");
-  }
+  if (ClaimedElsewhere(*loop)) return errors::Unimplemented("XLA's, or a cluster's");
   tensorflow::DeviceNameUtils::ParsedName device;
   if (!tensorflow::DeviceNameUtils::ParseFullName(loop->requested_device(), &device) ||
       (device.has_type && device.type != "CPU")) {
@@ -358,20 +361,9 @@ Status ReplaceLoop(Graph* g, FunctionLibraryDefinition* flib, const LoopPlan& pl
   return Status();
 }
 
-class AutoLoopPass : public tensorflow::GraphOptimizationPass {
+class AutoLoopPass : public AutoPass {
  public:
-  Status Run(const tensorflow::GraphOptimizationPassOptions& options) override {
-    const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
-    if (!settings.enabled || options.graph == nullptr || options.flib_def == nullptr) return Status();
-    if (FunctionAttrTrue(options.function_def, kClusterFunctionAttr) ||
-        FunctionAttrTrue(options.function_def, "_XlaMustCompile")) {
-      return Status();
-    }
-    const std::string graph_name = options.function_def != nullptr ? options.function_def->signature().name()
-                                                                    : std::string("a session's graph");
-    ClusterLoops(options.graph->get(), options.flib_def, graph_name, settings.min_cluster_size, Naming());
-    return Status();
-  }
+  AutoLoopPass() : AutoPass(ClusterLoops) {}
 };
 
 }  // namespace

@@ -143,10 +143,7 @@ bool Clusterable(const Node& n) {
   const auto& ops = SupportedOps();
   if (!ops.contains(n.type_string())) return false;
   if (absl::StartsWith(n.type_string(), "_Fused") && !SupportedFusion(n)) return false;
-  // XLA's, one the user pinned for XLA, or one of a cluster's function: not ours.
-  for (const char* attr : {"_XlaCompile", "_XlaScope", "_XlaMustCompile", "_xla_compile_id", kClusterFunctionAttr}) {
-    if (n.attrs().Find(attr) != nullptr) return false;
-  }
+  if (ClaimedElsewhere(n)) return false;
   DeviceNameUtils::ParsedName device;
   if (n.assigned_device_name().empty() || !DeviceNameUtils::ParseFullName(n.assigned_device_name(), &device) ||
       device.type != "CPU") {
@@ -402,10 +399,11 @@ Status Rewrite(Graph* g, const Plan& plan, const std::string& node_name) {
 
 }  // namespace
 
-bool FunctionAttrTrue(const FunctionDef* f, const char* name) {
-  if (f == nullptr) return false;
-  auto it = f->attr().find(name);
-  return it != f->attr().end() && it->second.b();
+bool ClaimedElsewhere(const Node& n) {
+  for (const char* attr : {"_XlaCompile", "_XlaScope", "_XlaMustCompile", "_xla_compile_id", kClusterFunctionAttr}) {
+    if (n.attrs().Find(attr) != nullptr) return true;
+  }
+  return false;
 }
 
 Status Encapsulate(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const std::vector<int>& ids,
@@ -462,25 +460,32 @@ void ClusterGraph(Graph* g, tensorflow::FunctionLibraryDefinition* flib, const s
   }
 }
 
-class AutoClusterPass : public GraphOptimizationPass {
+// Whether f says so of itself (attr `name`, a bool, true).
+bool FunctionAttrTrue(const FunctionDef* f, const char* name) {
+  if (f == nullptr) return false;
+  auto it = f->attr().find(name);
+  return it != f->attr().end() && it->second.b();
+}
+
+class AutoClusterPass : public AutoPass {
  public:
-  Status Run(const GraphOptimizationPassOptions& options) override {
-    const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
-    if (!settings.enabled || options.graph == nullptr || options.flib_def == nullptr) return Status();
-    // A cluster's own function (run by its kernel when TVM does not), and
-    // functions the user gave to XLA, stay as they are.
-    if (FunctionAttrTrue(options.function_def, kClusterFunctionAttr) ||
-        FunctionAttrTrue(options.function_def, "_XlaMustCompile")) {
-      return Status();
-    }
-    const std::string graph_name = options.function_def != nullptr ? options.function_def->signature().name()
-                                                                    : std::string("a session's graph");
-    ClusterGraph(options.graph->get(), options.flib_def, graph_name, settings.min_cluster_size, Naming());
-    return Status();
-  }
+  AutoClusterPass() : AutoPass(ClusterGraph) {}
 };
 
 }  // namespace
+
+Status AutoPass::Run(const GraphOptimizationPassOptions& options) {
+  const TvmdsoopAutoSettings settings = tvmdsoop_auto_settings_get();
+  if (!settings.enabled || options.graph == nullptr || options.flib_def == nullptr) return Status();
+  if (FunctionAttrTrue(options.function_def, kClusterFunctionAttr) ||
+      FunctionAttrTrue(options.function_def, "_XlaMustCompile")) {
+    return Status();
+  }
+  const std::string graph_name = options.function_def != nullptr ? options.function_def->signature().name()
+                                                                  : std::string("a session's graph");
+  cluster_(options.graph->get(), options.flib_def, graph_name, settings.min_cluster_size, Naming());
+  return Status();
+}
 
 // Ahead of XLA's passes (its clustering runs at phase 10 of this grouping).
 REGISTER_OPTIMIZATION(::tensorflow::OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 4, AutoClusterPass);
