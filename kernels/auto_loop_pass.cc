@@ -142,7 +142,9 @@ Status CheckLoopFunction(const FunctionDef& f, const std::set<int>& resources, s
         continue;
       }
       if (op == "ReadVariableOp") {
-        (*dtypes)[arg->second] = node.attr().at("dtype").type();
+        const auto dtype = node.attr().find("dtype");
+        if (dtype == node.attr().end()) return errors::InvalidArgument(node.name(), " has no dtype");
+        (*dtypes)[arg->second] = dtype->second.type();
       } else if (op == "Identity") {
         passed_on.insert(node.name());
       } else {
@@ -225,11 +227,16 @@ Status PlanLoop(Node* loop, const FunctionLibraryDefinition& flib, LoopPlan* pla
   const FunctionDef* cond = flib.Find(cond_attr.name());
   const FunctionDef* body = flib.Find(body_attr.name());
   if (cond == nullptr || body == nullptr) return errors::NotFound("its cond or body is not in the library");
+  const int num_vars = static_cast<int>(types.size());
+  if (cond->signature().input_arg_size() != num_vars || body->signature().input_arg_size() != num_vars ||
+      body->signature().output_arg_size() != num_vars) {
+    return errors::InvalidArgument("its cond or body does not take its ", num_vars, " loop variables");
+  }
 
   std::vector<const Edge*> inputs;
   TF_RETURN_IF_ERROR(loop->input_edges(&inputs));
   std::set<int> resources;
-  for (int i = 0; i < static_cast<int>(types.size()); ++i) {
+  for (int i = 0; i < num_vars; ++i) {
     Node* src = inputs[i]->src();
     std::vector<const Edge*> uses;
     for (const Edge* e : loop->out_edges()) {
@@ -330,8 +337,9 @@ Status ReplaceLoop(Graph* g, FunctionLibraryDefinition* flib, const LoopPlan& pl
   (*attrs)["body"].mutable_func()->set_name(plan.body.signature().name());
   for (const auto& [i, dtype] : plan.reads) {
     (*attrs)["T"].mutable_list()->set_type(i, dtype);
-    if ((*attrs)["output_shapes"].list().shape_size() > i) {
-      tensorflow::TensorShapeProto* shape = (*attrs)["output_shapes"].mutable_list()->mutable_shape(i);
+    const auto shapes = attrs->find("output_shapes");
+    if (shapes != attrs->end() && shapes->second.list().shape_size() > i) {
+      tensorflow::TensorShapeProto* shape = shapes->second.mutable_list()->mutable_shape(i);
       shape->Clear();
       shape->set_unknown_rank(true);
     }
