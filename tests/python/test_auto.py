@@ -335,6 +335,29 @@ def test_keras_fit_trains_as_it_does_without_the_pass(auto_cache: Path) -> None:
     assert training, tf_op.auto.report()
 
 
+def test_an_lstm_trains_and_predicts_as_it_does_without_the_pass(auto_cache: Path) -> None:
+    """Training's loops (which keep each step for the gradient, and pop them in
+    the backward loop) stay TF's; their bodies cluster. predict's loop is one
+    cluster."""
+    x = np.random.default_rng(0).random((8, 6, 5), dtype=np.float32)
+    y = np.random.default_rng(1).random((8, 3), dtype=np.float32)
+
+    def fit_and_predict() -> tuple[list[float], np.ndarray]:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8), keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        losses = model.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0).history["loss"]
+        return losses, model.predict(x, batch_size=8, verbose=0)
+
+    expected_losses, expected = fit_and_predict()
+    tf_op.auto.enable(cache_dir=auto_cache, timing_fallback=False)
+    losses, predicted = fit_and_predict()
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-4)
+    np.testing.assert_allclose(predicted, expected, rtol=RTOL, atol=ATOL)
+    loops = [c for c in tf_op.auto.report() if "While" in c.ops]
+    assert [c.status for c in loops] == ["tvm"], tf_op.auto.report()
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="min_cluster_size must be at least 1"):
         tf_op.auto.enable(min_cluster_size=0)
