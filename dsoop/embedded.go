@@ -22,6 +22,8 @@ type embeddedModule struct {
 	// vmFunctions are a Relax VM executable's functions (vmExecutableKind), read
 	// from its function table; nil when it could not be read.
 	vmFunctions []string
+	// vmParams are the parameters' names of each of vmFunctions.
+	vmParams map[string][]string
 }
 
 // Bounds on what a library's serialized modules may claim, far above what TVM
@@ -86,7 +88,14 @@ func parseEmbeddedModules(bin io.ReaderAt) ([]embeddedModule, error) {
 			m.format = r.str()
 		case vmExecutableKind:
 			if size <= r.left() { // a table that cannot be read is TVM's loader's to report
-				m.vmFunctions, _ = readVMFunctions(&binReader{r: r.r, off: start, limit: start + size})
+				table, _ := readVMTable(&binReader{r: r.r, off: start, limit: start + size})
+				for _, f := range table {
+					if m.vmParams == nil {
+						m.vmParams = map[string][]string{}
+					}
+					m.vmFunctions = append(m.vmFunctions, f.name)
+					m.vmParams[f.name] = f.params
+				}
 			}
 		}
 		if read := r.off - start; r.err == nil && read > size {

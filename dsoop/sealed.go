@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -25,6 +26,13 @@ type sealedLibrary struct {
 	size    int64
 	digest  string          // hex SHA-256 of the bytes
 	notCode map[string]bool // names whose __tvm_ffi_<name> symbol is not a function
+	// functions are the names whose __tvm_ffi_<name> symbol is a function and
+	// not one TVM keeps for itself (isReservedName), sorted: what a library of
+	// plain functions offers, as its symbols say.
+	functions []string
+	// cpuFlags are the CPU features the library records using (cpuFlagsSymbol);
+	// nil when it records none.
+	cpuFlags []string
 	// contextPointers are the pointers the library calls through that the runtime
 	// fills at load (isContextPointer): checked once it is loaded.
 	contextPointers []string
@@ -61,8 +69,23 @@ func sealLibrary(path string) (*sealedLibrary, error) {
 }
 
 // seal copies a library's bytes from src into a sealed memfd named for name,
-// hashing them on the way, and checks their ELF structure there.
+// hashing them on the way, and checks their ELF structure there, and that this
+// CPU has the features the library records using.
 func seal(name string, src io.Reader) (*sealedLibrary, error) {
+	s, err := sealUnchecked(name, src)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkCPUFlags(s.cpuFlags); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// sealUnchecked is seal without the CPU's check: for reading what a library
+// says about itself (Inspect), a library this CPU cannot run included.
+func sealUnchecked(name string, src io.Reader) (*sealedLibrary, error) {
 	memfdName, err := syscall.BytePtrFromString("tvmdsoop:" + name)
 	if err != nil {
 		return nil, err
@@ -100,11 +123,12 @@ func (s *sealedLibrary) close() { s.file.Close() }
 // elfMachines is the ELF machine of each architecture Go builds this for.
 var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
 
-// check refuses what the loader must not see (ErrNotALibrary) and code this CPU
-// cannot run (ErrUnsupportedCPU), read with Go's ELF reader, which never runs
-// anything, lists the __tvm_ffi_ symbols that are data, and reads which modules
-// the library embeds. The loader's own checks come
-// after; a corrupted relocation or constructor passes these.
+// check refuses what the loader must not see (ErrNotALibrary), read with Go's
+// ELF reader, which never runs anything, lists the __tvm_ffi_ symbols that are
+// functions and those that are data, and reads which modules the library
+// embeds and which CPU features it records using (seal checks those against
+// this CPU's). The loader's own checks come after; a corrupted relocation or
+// constructor passes these.
 func (s *sealedLibrary) check() (err error) {
 	defer func() {
 		if r := recover(); r != nil { // a malformed file must not take the process down
@@ -144,7 +168,11 @@ func (s *sealedLibrary) check() (err error) {
 		if !ok || sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if !isCode(sym) {
+		if isCode(sym) {
+			if !isReservedName(name) {
+				s.functions = append(s.functions, name)
+			}
+		} else {
 			if s.notCode == nil {
 				s.notCode = map[string]bool{}
 			}
@@ -158,11 +186,12 @@ func (s *sealedLibrary) check() (err error) {
 	if s.levels, err = readLevels(symbols, f); err != nil {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
 	}
-	cpuFlags, err := readCPUFlags(f, symbols)
-	if err != nil {
+	if s.cpuFlags, err = readCPUFlags(f, symbols); err != nil {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
 	}
-	return checkCPUFlags(cpuFlags)
+	slices.Sort(s.functions)
+	s.functions = slices.Compact(s.functions)
+	return nil
 }
 
 // isCode reports whether sym is a function (or an ifunc, which resolves to one).

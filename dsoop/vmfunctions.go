@@ -36,12 +36,30 @@ const (
 )
 
 // readVMFunctions reads the names of a VM executable's VM functions (its entry
-// points: main, forward, ...) from its function table, which the executable's
-// bytes begin with: a u64 count, then per function an i32 kind, a str name, four
-// i64 (first and last instruction, arguments, registers) and a vec of str
-// parameter names. Only the table is read, never the instructions: for a
-// corrupted executable, TVM's as_text, which decodes them, can crash.
+// points: main, forward, ...) from its function table (see readVMTable).
 func readVMFunctions(r *binReader) ([]string, error) {
+	table, err := readVMTable(r)
+	var names []string
+	for _, f := range table {
+		names = append(names, f.name)
+	}
+	return names, err
+}
+
+// vmFunction is a VM function of an executable's table: its name and its
+// parameters' names.
+type vmFunction struct {
+	name   string
+	params []string
+}
+
+// readVMTable reads a VM executable's VM functions from its function table,
+// which the executable's bytes begin with: a u64 count, then per function an
+// i32 kind, a str name, four i64 (first and last instruction, arguments,
+// registers) and a vec of str parameter names. Only the table is read, never
+// the instructions: for a corrupted executable, TVM's as_text, which decodes
+// them, can crash.
+func readVMTable(r *binReader) ([]vmFunction, error) {
 	if magic := r.u64(); r.err == nil && !vmExecutableMagics[magic] {
 		return nil, fmt.Errorf("not a Relax VM executable of this TVM (magic %#x)", magic)
 	}
@@ -52,19 +70,19 @@ func readVMFunctions(r *binReader) ([]string, error) {
 	if r.err == nil && count > maxVMFunctions {
 		return nil, fmt.Errorf("a function table of %d entries", count)
 	}
-	var names []string
+	var table []vmFunction
 	for i := uint64(0); r.err == nil && i < count; i++ {
 		kind := r.read(4)
-		name := r.str()
+		f := vmFunction{name: r.str()}
 		r.skipWords(4)
 		for p := r.u64(); r.err == nil && p > 0; p-- {
-			r.str()
+			f.params = append(f.params, r.str())
 		}
 		if r.err == nil && binary.LittleEndian.Uint32(kind) == vmFuncKindVM {
-			names = append(names, name)
+			table = append(table, f)
 		}
 	}
-	return names, r.err
+	return table, r.err
 }
 
 // vmFunctionHeader finds the VM functions in the executable's text form: each

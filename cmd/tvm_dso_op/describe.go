@@ -5,7 +5,9 @@ import "C"
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
 	"github.com/tvmdsoop/tvmdsoop/internal/native"
@@ -14,7 +16,7 @@ import (
 // libraryDescription is what TVMDSOOpDescribeLibrary tells about a library.
 type libraryDescription struct {
 	Model     bool     `json:"model"`               // a Relax VM executable: its functions return their outputs
-	Functions []string `json:"functions,omitempty"` // a model's functions
+	Functions []string `json:"functions,omitempty"` // a model's functions, or the library's exported ones
 	CPULevel  string   `json:"cpu_level,omitempty"` // the x86-64 level loaded from a portable library
 	Error     string   `json:"error,omitempty"`
 }
@@ -48,11 +50,46 @@ func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 			return
 		}
 		d.CPULevel = module.CPULevel()
-		if d.Model = module.IsVM(); d.Model {
-			if d.Functions, err = module.VMFunctions(); err != nil {
-				d.Error = err.Error()
-			}
+		d.Model = module.IsVM()
+		if d.Functions, err = module.Functions(); err != nil {
+			d.Error = err.Error()
 		}
+	}()
+	out, _ := json.Marshal(d)
+	return C.CString(string(out))
+}
+
+// inspection is what TVMDSOOpInspectLibrary tells: dsoop.Inspect's
+// description, or why there is none.
+type inspection struct {
+	*dsoop.Inspection
+	Error    string `json:"error,omitempty"`
+	NotFound bool   `json:"not_found,omitempty"` // the error is of a file that does not exist
+}
+
+// TVMDSOOpInspectLibrary reads what the library at path says about itself
+// without loading it (dsoop.Inspect: nothing of it runs, and a library for
+// another CPU is described, not refused) and returns a malloc'ed JSON object:
+// dsoop.Inspection's fields, or {"error": "..."}. tvmdsoop inspect shows it,
+// and tf_op.Module checks a path with it when it is made. Free the result with
+// free().
+//
+//export TVMDSOOpInspectLibrary
+func TVMDSOOpInspectLibrary(path *C.char) *C.char {
+	var d inspection
+	func() {
+		// A Go panic must not unwind into the caller's C frames.
+		defer func() {
+			if r := recover(); r != nil {
+				d = inspection{Error: fmt.Sprintf("internal error: %v", r)}
+			}
+		}()
+		in, err := dsoop.Inspect(C.GoString(path))
+		if err != nil {
+			d.Error, d.NotFound = err.Error(), errors.Is(err, fs.ErrNotExist)
+			return
+		}
+		d.Inspection = in
 	}()
 	out, _ := json.Marshal(d)
 	return C.CString(string(out))

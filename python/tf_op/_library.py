@@ -123,9 +123,21 @@ def take_bytes(raw: int, size: int) -> bytes:
 
 def describe(lib_path: str, sha256: str = "") -> dict[str, object]:
     """What the op library sees in a TVM library: ``{"model": bool, "functions":
-    [...]}`` (a model's functions), or ``{"error": "..."}`` when it cannot load it.
+    [...]}`` (a model's functions, or the library's exported ones), or
+    ``{"error": "..."}`` when it cannot load it.
 
     The op library loads the library as the op would (the same checks, and the
     copy the op then shares), and only a file of ``sha256`` when one is given."""
     describe_c = c_function("TVMDSOOpDescribeLibrary", (ctypes.c_char_p, ctypes.c_char_p), ctypes.c_void_p)
     return json.loads(take_string(describe_c(os.fsencode(lib_path), sha256.encode())))
+
+
+def inspect(lib_path: str) -> dict[str, object]:
+    """What a TVM library's file says about itself, read without loading it (Go's
+    ELF reader: nothing of the file runs, so any file may be inspected, a
+    library for another CPU included): ``{"kind": "functions" | "model" |
+    "legacy", "functions": [...], "sha256": ..., "tvm": ..., "cpu_flags": [...],
+    ...}`` (dsoop.Inspection), or ``{"error": "...", "not_found": bool}`` for a
+    file that is not a library this process could load."""
+    inspect_c = c_function("TVMDSOOpInspectLibrary", (ctypes.c_char_p,), ctypes.c_void_p)
+    return json.loads(take_string(inspect_c(os.fsencode(lib_path))))

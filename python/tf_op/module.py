@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import numbers
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
@@ -28,9 +29,13 @@ class Module(tf.Module):
     """A TVM module: a library made by TVM's ``export_library``, or any library
     exporting TVM-FFI functions.
 
-    The library is loaded by the op, once per process per path, when a function of
-    it first runs; a missing or bad library is reported then, as a
-    ``tf.errors.OpError`` naming the path.
+    The path is checked when the Module is made: a missing file
+    (``FileNotFoundError``), a directory (``IsADirectoryError``) or a file that is
+    not a shared library this process could load (``ValueError``) is refused
+    then, read with the op library's ELF reader, before anything of the file
+    runs. The library is loaded by the op, once per process per path, when a
+    function of it first runs; what goes wrong then (a library changed on disk,
+    one that fails to load) is reported as a ``tf.errors.OpError`` naming the path.
 
     A Module is trackable: kept on a ``tf.Module`` or Keras layer (directly or
     through a function made from it), its library is saved into SavedModels as an
@@ -53,9 +58,13 @@ class Module(tf.Module):
         path = os.fsdecode(lib_path)
         if "\0" in path:
             raise ValueError(f"tf_op: library path {path!r} holds a NUL byte")
+        if not path:
+            # os.path.abspath("") is the current directory: refused here, not there.
+            raise ValueError("tf_op: the library path is empty")
         self.lib_path = os.path.abspath(path)
-        # None until the file exists: taken at the latest when a function first runs.
-        self._sha256 = sha256.lower() if sha256 is not None else self._digest_if_present()
+        inspection = _check_library_file(self.lib_path)
+        # The digest of the bytes just checked, unless one is pinned.
+        self._sha256 = sha256.lower() if sha256 is not None else str(inspection["sha256"])
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
         self._description: dict[str, Any] | None = None
@@ -64,12 +73,8 @@ class Module(tf.Module):
     def sha256(self) -> str:
         """The SHA-256 (hex) the op requires of the library; "" for none.
 
-        Taken from the file when the Module is made or, if it did not exist yet,
-        when a function of it first runs; if it still does not exist, the op
-        reports it missing."""
-        if self._sha256 is None:
-            self._sha256 = self._digest_if_present()
-        return self._sha256 or ""
+        Taken from the file when the Module is made, unless given then."""
+        return self._sha256
 
     def _describe(self) -> dict[str, Any]:
         """What the op library sees in the library (see ``_library.describe``):
@@ -89,8 +94,10 @@ class Module(tf.Module):
         return bool(self._describe().get("model"))
 
     def functions(self) -> list[str]:
-        """The functions of a whole model (its entry points: ``main``,
-        ``forward``, ...); empty for other libraries."""
+        """The functions a caller may name, sorted: a whole model's entry points
+        (``main``, ``forward``, ...), or the functions the library exports (its
+        ``__tvm_ffi_<name>`` symbols; a library of TVM <= 0.21, its own names).
+        Empty when the library does not load: the op reports why when it runs."""
         return list(self._describe().get("functions") or [])
 
     @property
@@ -99,9 +106,6 @@ class Module(tf.Module):
         (``tf_op.compile``'s default target, ``"portable"``): the highest this
         CPU has, or at most ``$TVMDSOOP_CPU_LEVEL``; "" for other libraries."""
         return str(self._describe().get("cpu_level") or "")
-
-    def _digest_if_present(self) -> str | None:
-        return file_sha256(self.lib_path) if os.path.isfile(self.lib_path) else None
 
     @property
     def library_path(self) -> tf.Tensor:
@@ -371,6 +375,37 @@ def _in_tf1_graph() -> bool:
     """Building a TF1 graph (no eager context, no function being traced): such
     graphs cannot capture eager tensors and get constants of their own."""
     return not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function
+
+
+#: The first bytes of every ELF file, shared libraries among them.
+_ELF_MAGIC = b"\x7fELF"
+
+
+def _check_library_file(path: str) -> dict[str, Any]:
+    """What the op library's ELF reader says of the file at path (see
+    ``_library.inspect``), or the error a Module made of it raises: a path that
+    cannot be a library is refused when the Module is made, in plain words,
+    rather than at its first call, deep in a graph being traced."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tf_op: the library {path} does not exist") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"tf_op: the library path {path} is a directory, not a library file")
+    if not stat.S_ISREG(st.st_mode):
+        # A device or a FIFO: reading one could block forever.
+        raise ValueError(f"tf_op: the library path {path} is not a regular file (a device, a FIFO or a socket)")
+    with open(path, "rb") as f:
+        head = f.read(len(_ELF_MAGIC))
+    if head != _ELF_MAGIC:
+        begins = f"it starts with {head.decode('latin-1')!r}" if head else "it is empty"
+        raise ValueError(f"tf_op: {path} is not a shared library (an ELF file): {begins}")
+    inspection = _library.inspect(path)
+    if inspection.get("not_found"):  # gone since: taken away between the two looks
+        raise FileNotFoundError(f"tf_op: the library {path} does not exist")
+    if "error" in inspection:
+        raise ValueError(f"tf_op: {path} is not a shared library this process can load: {inspection['error']}")
+    return inspection
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -578,6 +578,14 @@ def test_inplace_names_an_input_the_kernel_can_keep(ffi: tf_op.Module) -> None:
 # --- the error contract: docs/errors.md, one test per row --------------------------
 
 
+def raw_op(library: Path, x: tf.Tensor) -> tf.Tensor:
+    """The op on add_one of library, added without tf_op.Module's checks."""
+    return tf_op.ops().tvmdso_op(
+        args=[x], output_dims=[], Tout=[tf.float32], output_shapes=[tf.TensorShape(None)],
+        library=str(library), func_name="add_one",
+    )
+
+
 @pytest.mark.parametrize(
     ("case", "error", "pattern"),
     [
@@ -604,8 +612,9 @@ def test_error_contract(case: str, error: type, pattern: str, testlib: str, ffil
     notalib = tmp_path / "notalib.so"
     notalib.write_text("text")
     calls = {
-        "missing path": lambda: tf_op.Module(tmp_path / "missing.so").func("add_one")(x),
-        "not a library": lambda: tf_op.Module(notalib).func("add_one")(x),
+        # tf_op.Module refuses these when made (test_module_errors.py): the op, given them, says why too.
+        "missing path": lambda: raw_op(tmp_path / "missing.so", x),
+        "not a library": lambda: raw_op(notalib, x),
         "no such function": lambda: mod.func("nope")(x),
         # Called, it would jump into data: the process would die of SIGSEGV.
         "symbol is data, not code": lambda: ffi.func("not_code")(x),
@@ -695,10 +704,12 @@ def test_library_file_name_does_not_matter(tmp_path, testlib: str, name: str) ->
 def test_non_regular_file_is_refused_not_read(tmp_path) -> None:
     fifo = tmp_path / "fifo.so"
     os.mkfifo(fifo)  # hashing it would block forever
-    with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
-        tf_op.Module(fifo).func("add_one")(tf.constant([1.0]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
-        tf_op.Module("/dev/zero").func("add_one")(tf.constant([1.0]))
+    for path in (fifo, "/dev/zero"):
+        # tf_op.Module refuses it when made; the op, given it, refuses it too.
+        with pytest.raises(ValueError, match="not a regular file"):
+            tf_op.Module(path)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="not a regular file"):
+            raw_op(path, tf.constant([1.0]))
 
 
 CRASHING_LIBRARY = """
@@ -775,12 +786,14 @@ def test_huge_output_shapes_name_the_function(mod: tf_op.Module, shape, error: t
         mod.func("add_one", output_shape=shape)(tf.constant([1.0]))
 
 
-def test_sha256_taken_when_the_library_appears_later(tmp_path, testlib: str) -> None:
-    path = tmp_path / "later.so"
-    module = tf_op.Module(path)  # does not exist yet
+def test_sha256_taken_when_the_module_is_made(tmp_path, testlib: str) -> None:
+    """A library must exist when its Module is made (test_module_errors.py): its
+    digest is taken then, and a file put in its place afterwards is refused."""
+    path = tmp_path / "lib.so"
     path.write_bytes(Path(testlib).read_bytes())
-    np.testing.assert_array_equal(module.func("add_one")(tf.constant([1.0])).numpy(), [2.0])
+    module = tf_op.Module(path)
     assert module.sha256 == hashlib.sha256(Path(testlib).read_bytes()).hexdigest()
+    np.testing.assert_array_equal(module.func("add_one")(tf.constant([1.0])).numpy(), [2.0])
 
 
 SHIFT_LIBRARY = """

@@ -160,17 +160,30 @@ def test_wrong_number_of_inputs(mod: tf_op.Module) -> None:
         mod.func("vector_add")(tf.constant([1.0]))
 
 
+def add_one_op(library: str | Path) -> tf.Tensor:
+    """The op on add_one of library, added without tf_op.Module's checks (which
+    refuse these paths when it is made: test_module_errors.py)."""
+    return tf_op.ops().tvmdso_op(
+        args=[tf.constant([1.0])], output_dims=[], Tout=[tf.float32], output_shapes=[tf.TensorShape(None)],
+        library=str(library), func_name="add_one",
+    )
+
+
 def test_missing_library(tmp_path: Path) -> None:
     path = str(tmp_path / "missing.so")
+    with pytest.raises(FileNotFoundError, match=path):
+        tf_op.Module(path)
     with pytest.raises(tf.errors.NotFoundError, match=path):
-        tf_op.Module(path).func("add_one")(tf.constant([1.0]))
+        add_one_op(path)
 
 
 def test_not_a_library(tmp_path: Path) -> None:
     path = tmp_path / "notalib.so"
     path.write_text("not a shared library")
+    with pytest.raises(ValueError, match=str(path)):
+        tf_op.Module(path)
     with pytest.raises(tf.errors.InvalidArgumentError, match=str(path)):
-        tf_op.Module(path).func("add_one")(tf.constant([1.0]))
+        add_one_op(path)
 
 
 WITHOUT_TVM_RUNTIME_SCRIPT = textwrap.dedent(

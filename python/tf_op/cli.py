@@ -1,0 +1,170 @@
+"""The ``tvmdsoop`` command (also ``python -m tf_op``): what a TVM library is,
+and whether it is the one expected, told before anyone loads it.
+
+    tvmdsoop inspect LIB [--json]    its kind, functions, SHA-256, TVM, CPU needs
+    tvmdsoop verify LIB --sha256 HEX  exit 0 when the file has that digest
+
+Nothing of the library runs: ``inspect`` reads it with the op library's ELF
+reader (the checks the op makes before it loads one), and ``verify`` hashes it.
+Errors are one line on stderr: exit status 2 for a wrong command line, 1 for a
+library that fails (missing, not a library, another digest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tf_op._version import __version__
+
+PROG = "tvmdsoop"
+
+#: How ``inspect`` names each kind of library (dsoop's Inspection.Kind).
+KIND_NAMES = {
+    "functions": "functions library (functions exported to TVM-FFI)",
+    "model": "Relax model (a Relax VM executable: its functions return their outputs)",
+    "legacy": "legacy library (TVM 0.8-0.21, functions under their own names)",
+}
+
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class Failure(Exception):
+    """What the command reports on one line and exits 1 for: no traceback."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line argv (by default the process's) and returns its exit
+    status; argparse exits 2 by itself on a wrong command line."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except Failure as e:
+        print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inspect and verify TVM libraries without loading them.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    inspect = commands.add_parser(
+        "inspect", help="what a library is: its kind, functions, SHA-256, TVM and CPU needs",
+        description="What a TVM library is, read from its file: nothing of it runs.",
+    )
+    inspect.add_argument("library", metavar="LIB", help="the library's path")
+    inspect.add_argument("--json", action="store_true", help="one JSON object, for programs")
+    inspect.set_defaults(run=_inspect)
+
+    verify = commands.add_parser(
+        "verify", help="whether a library's file has the SHA-256 expected",
+        description="Exit 0 when the library's file has the SHA-256 given, 1 otherwise.",
+    )
+    verify.add_argument("library", metavar="LIB", help="the library's path")
+    verify.add_argument("--sha256", required=True, type=_sha256_argument, metavar="HEX",
+                        help="the SHA-256 expected: 64 hex digits")
+    verify.set_defaults(run=_verify)
+    return parser
+
+
+def _sha256_argument(text: str) -> str:
+    """A SHA-256 as given on the command line, lower-cased; a wrong one is a
+    usage error (exit 2), not a mismatch."""
+    text = text.strip()
+    if not _SHA256.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"a SHA-256 is 64 hex digits, got {text!r}")
+    return text.lower()
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = _inspection(args.library)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(describe(info))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tf_op.module import file_sha256
+
+    path = _path(args.library)
+    if not os.path.exists(path):
+        raise Failure(f"{path} does not exist")
+    if os.path.isdir(path):
+        raise Failure(f"{path} is a directory, not a library file")
+    try:
+        digest = file_sha256(path)
+    except OSError as e:
+        raise Failure(f"{path}: {e.strerror or e}") from None
+    if digest != args.sha256:
+        raise Failure(f"{path} has SHA-256 {digest}, not the {args.sha256} expected")
+    print(f"OK {path} has SHA-256 {digest}")
+    return 0
+
+
+def _path(library: str) -> str:
+    """The library's absolute path; an empty one names no file (abspath would
+    make it the current directory)."""
+    if not library:
+        raise Failure("the library path is empty")
+    return os.path.abspath(library)
+
+
+def _inspection(library: str) -> dict[str, Any]:
+    """What the op library's ELF reader says of the library (``Module``'s
+    checks), or the Failure that says why it is not one."""
+    from tf_op.module import _check_library_file
+
+    path = _path(library)
+    try:
+        return _check_library_file(path)
+    except (OSError, ValueError) as e:
+        raise Failure(str(e).removeprefix("tf_op: ")) from None
+
+
+def describe(info: dict[str, Any]) -> str:
+    """``inspect``'s text for people: one fact a line."""
+    params = info.get("parameters") or {}
+    functions = [f"{name}({', '.join(params[name])})" if name in params else name for name in info["functions"]]
+    lines = [
+        info["path"],
+        f"  kind:       {KIND_NAMES.get(info['kind'], info['kind'])}",
+        f"  functions:  {', '.join(functions) if functions else '(none)'}",
+        f"  sha256:     {info['sha256']}",
+        f"  size:       {info['size']} bytes",
+        f"  TVM:        {_tvm_text(info['tvm'])}",
+        f"  CPU:        {_cpu_text(info)}",
+    ]
+    for level in info.get("levels") or []:
+        lines.append(f"  level:      {level['name']}, for CPUs with {' '.join(level['cpu_flags'])}")
+    embedded = [m["kind"] + (f" ({m['format']})" if m.get("format") else "") for m in info.get("embedded") or []]
+    lines.append(f"  embedded:   {', '.join(embedded) if embedded else '(none)'}")
+    return "\n".join(lines)
+
+
+def _tvm_text(tvm: str) -> str:
+    if tvm == ">=0.22":
+        return "TVM >= 0.22 (the TVM-FFI calling convention; libraries record no finer version)"
+    return f"TVM {tvm}"
+
+
+def _cpu_text(info: dict[str, Any]) -> str:
+    flags = info.get("cpu_flags") or []
+    if not flags:
+        return "no features recorded (any CPU of its architecture)"
+    missing = info.get("missing_cpu_flags") or []
+    verdict = f"this CPU lacks {' '.join(missing)}" if missing else "this CPU has them"
+    return f"uses {' '.join(flags)} ({verdict})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
