@@ -58,6 +58,8 @@ const absl::flat_hash_set<std::string>& LoopOps() {
       "Const",     "Identity",   "NoOp",       "Less",        "LessEqual",         "Greater",
       "GreaterEqual", "LogicalAnd", "LogicalOr", "LogicalNot", "TensorListGetItem", "TensorListSetItem",
       "ReadVariableOp", "StridedSlice"};  // a GRU cell slices its bias
+// (A TensorListSetItem at each step's own index, a layer's whole sequence, is
+// taken: the worker unrolls such a loop, or says why it cannot compile it.)
   return *ops;
 }
 
@@ -106,23 +108,11 @@ Status CheckLoopFunction(const FunctionDef& f, const std::set<int>& resources, s
   std::map<std::string, int> resource_args;
   for (int i : resources) resource_args[f.signature().input_arg(i).name()] = i;
   std::set<std::string> passed_on;  // Identity nodes of a variable
-  std::set<std::string> constants;
-  for (const NodeDef& node : f.node_def()) {
-    if (node.op() == "Const") constants.insert(node.name());
-  }
   for (const NodeDef& node : f.node_def()) {
     const std::string& op = node.op();
     const auto supported = SupportedOps().find(op);
     if ((supported == SupportedOps().end() || absl::StartsWith(op, "_")) && !LoopOps().contains(op)) {
       return errors::Unimplemented(f.signature().name(), " holds ", op, " (", node.name(), ")");
-    }
-    // A step written at a step's own index (a layer's whole sequence)
-    // becomes a SLICE of a size known only as the loop runs, which TVM
-    // 0.27's frontend cannot take in a WHILE's subgraph: such a loop is left
-    // to auto_pass.cc's clusters of its cell. A layer that returns its last
-    // step alone writes it at index 0 each time.
-    if (op == "TensorListSetItem" && (node.input_size() < 2 || constants.count(InputNode(node.input(1))) == 0)) {
-      return errors::Unimplemented(f.signature().name(), ": ", node.name(), " writes at an index that is not constant");
     }
     if (supported != SupportedOps().end() && op != "Identity") {
       ++*size;

@@ -88,8 +88,9 @@ def test_what_grappler_makes_of_swish_and_residual_adds_stays_in_one_cluster(aut
     assert {"Conv2D", "_FusedConv2D"} & set(cluster.ops) and "MatMul" in "".join(cluster.ops), cluster.ops
 
 
-@pytest.mark.parametrize("layer", [keras.layers.LSTM(8), keras.layers.GRU(8), keras.layers.SimpleRNN(8)],
-                         ids=["lstm", "gru", "simple-rnn"])
+@pytest.mark.parametrize("layer", [keras.layers.LSTM(8), keras.layers.LSTM(8, return_sequences=True),
+                                   keras.layers.GRU(8), keras.layers.SimpleRNN(8)],
+                         ids=["lstm", "lstm-sequences", "gru", "simple-rnn"])
 def test_a_recurrent_layer_runs_its_whole_loop_in_one_cluster(auto_cache: Path, layer: keras.layers.Layer) -> None:
     """Before TF lowers the While, the loop pass takes all of it, with the lists
     it steps through, into one cluster: every step runs in one call to TVM. Its

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tf_op.compiler import cluster, unroll
+from tf_op.compiler.errors import CompileError
 
 W = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32) * 0.5
 
@@ -23,6 +24,22 @@ def _step(h: tf.Tensor) -> tf.Tensor:
 
 def _counted(steps: int) -> Callable[[tf.Tensor], tf.Tensor]:
     return lambda x: tf.while_loop(lambda i, h: i < steps, lambda i, h: (i + 1, _step(h)), (0, x))[1]
+
+
+def _sequence(steps: int) -> Callable[[tf.Tensor], tf.Tensor]:
+    """Each step written to a TensorArray at its own index, as a layer that
+    returns its whole sequence does."""
+
+    def run(x: tf.Tensor) -> tf.Tensor:
+        written = tf.TensorArray(tf.float32, size=steps, element_shape=x.shape)
+
+        def body(i: tf.Tensor, h: tf.Tensor, out: tf.TensorArray) -> tuple[tf.Tensor, tf.Tensor, tf.TensorArray]:
+            h = _step(h)
+            return i + 1, h, out.write(i, h)
+
+        return tf.while_loop(lambda i, h, out: i < steps, body, (0, x, written))[2].stack()
+
+    return run
 
 
 def _until_small(x: tf.Tensor) -> tf.Tensor:  # how many steps depends on x
@@ -49,6 +66,20 @@ def test_a_loop_of_known_steps_becomes_that_many_calls_of_its_body(steps: int) -
     for _ in range(steps):
         want = np.tanh(want @ W)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_writing_each_step_is_unrolled() -> None:
+    x = np.random.default_rng(3).random((3, 4), dtype=np.float32)
+    ops, got = _as_worker_builds_it(_sequence(4), x)
+    assert "While" not in ops and ops.count("PartitionedCall") == 4, ops
+    np.testing.assert_allclose(got, tf.function(_sequence(4), autograph=False)(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_writing_each_step_that_cannot_be_unrolled_is_refused_with_the_reason() -> None:
+    """TVM's frontend cannot take it as a loop: the compile fails at once, saying why."""
+    x = np.random.default_rng(3).random((3, 4), dtype=np.float32)
+    with pytest.raises(CompileError, match=f"writes each of its steps .* more than {unroll.MAX_STEPS}"):
+        _as_worker_builds_it(_sequence(unroll.MAX_STEPS + 1), x)
 
 
 @pytest.mark.parametrize(("fn", "why"), [(_counted(unroll.MAX_STEPS + 1), "too many steps"),

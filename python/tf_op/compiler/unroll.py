@@ -9,6 +9,12 @@ then compiles straight-line code, its memory planned once (the LSTM of 32
 steps: 400 µs looped, 120 µs unrolled), at the cost of a longer compile (about
 9 s for those 32 steps against 2 s).
 
+A loop that writes each of its steps to a tensor list (a layer that returns
+its whole sequence) compiles only unrolled: TF's TFLite converter makes the
+write a SLICE of a size known only as the loop runs, which TVM 0.27's frontend
+cannot take in a WHILE's subgraph. Such a loop that cannot be unrolled is
+refused with that reason (a CompileError: TF runs it).
+
 The number of steps is known ahead when the loop's condition reads only loop
 variables whose every value follows from constants: a counter started at a
 constant and stepped by the body from such variables alone (a Keras RNN's
@@ -23,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+
+from tf_op.compiler.errors import CompileError
 
 #: The most steps a loop is unrolled for: TVM's compile grows with them.
 MAX_STEPS = 64
@@ -40,13 +48,25 @@ def unroll(graph_def: graph_pb2.GraphDef, args: Mapping[str, tf.TensorSpec]) -> 
     for loop in [n for n in graph_def.node if n.op in _LOOPS]:
         body = functions.get(loop.attr["body"].func.name)
         cond = functions.get(loop.attr["cond"].func.name)
-        if body is None or cond is None or not _steps_known(loop, cond, body, graph_def):
-            continue
-        steps = _count_steps(graph_def, loop, args)
-        if not 0 < steps <= MAX_STEPS:
-            continue
-        renamed.update(_replace(graph_def, loop, steps))
+        steps = _count_steps(graph_def, loop, args) if body and cond and _steps_known(loop, cond, body, graph_def) \
+            else None
+        if steps is not None and 0 < steps <= MAX_STEPS:
+            renamed.update(_replace(graph_def, loop, steps))
+        elif body is not None and _writes_each_step(body):
+            # TF's TFLite converter makes such a write a SLICE whose size is
+            # known only as the loop runs, which TVM 0.27's frontend refuses in
+            # a WHILE's subgraph (with a TypeError that names nothing of this).
+            raise CompileError(f"the loop {loop.name} writes each of its steps (a layer that returns its whole "
+                               f"sequence) and runs {'more than ' + str(MAX_STEPS) if steps else 'an unknown number of'}"
+                               " steps: TVM's TFLite frontend takes such a loop only unrolled")
     return renamed
+
+
+def _writes_each_step(body: function_pb2.FunctionDef) -> bool:
+    """Whether the body writes a tensor list at an index that is not a constant."""
+    constants = {n.name for n in body.node_def if n.op == "Const"}
+    return any(n.op == "TensorListSetItem" and (len(n.input) < 2 or _node(n.input[1]) not in constants)
+               for n in body.node_def)
 
 
 def _steps_known(loop: node_def_pb2.NodeDef, cond: function_pb2.FunctionDef, body: function_pb2.FunctionDef,
