@@ -1,9 +1,7 @@
 package dsoop
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -78,16 +76,8 @@ func Inspect(path string) (*Inspection, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %q: %w", path, err)
 	}
-	st, err := os.Stat(abs)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
-	}
-	if !st.Mode().IsRegular() {
-		// A directory, a device or a FIFO: reading one to hash it could block forever.
-		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
+	if _, err := statLibrary(abs); err != nil {
+		return nil, err
 	}
 	src, err := os.Open(abs)
 	if err != nil {

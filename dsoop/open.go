@@ -44,17 +44,9 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
 		return nil, err
 	}
-	// Checked here so that the common mistakes get clear errors, not the loader's.
-	st, err := os.Stat(abs)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
-	}
+	st, err := statLibrary(abs)
 	if err != nil {
-		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
-	}
-	if !st.Mode().IsRegular() {
-		// A directory, a device or a FIFO: reading one to hash it could block forever.
-		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
+		return nil, err
 	}
 	defer lockPath(abs)()
 	if m, err := openLoaded(abs, st, sha256); m != nil || err != nil {
@@ -201,4 +193,22 @@ func FileSHA256(path string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// statLibrary is the file at abs, checked so that the common mistakes get
+// clear errors, not the loader's: missing (fs.ErrNotExist), or not a regular
+// file.
+func statLibrary(abs string) (fs.FileInfo, error) {
+	st, err := os.Stat(abs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, fs.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
+	if !st.Mode().IsRegular() {
+		// A directory, a device or a FIFO: reading one to hash it could block forever.
+		return nil, fmt.Errorf("dsoop: library %s is not a regular file (%s)", abs, st.Mode().Type())
+	}
+	return st, nil
 }
