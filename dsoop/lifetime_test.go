@@ -1,6 +1,7 @@
 package dsoop_test
 
 import (
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -191,4 +192,29 @@ func TestNativeAccessorsRefuseOtherTypes(t *testing.T) {
 	require.NoError(t, f.Close())
 	var fn [3]uintptr // a DsoopFunction's room: not written for a closed Func
 	assert.ErrorIs(t, native.RetainFunc(f, unsafe.Pointer(&fn)), dsoop.ErrClosed)
+}
+
+// The loader (glibc's dlopen) hands back a library already loaded from the
+// path it is asked for, and libraries load from /proc/self/fd/N: a kept
+// library's memfd must stay open even when its entry is gone (its file was
+// rebuilt in place), or a later library given the same fd number would run the
+// kept one's code.
+func TestKeptLibraryKeepsItsLoaderPathToItself(t *testing.T) {
+	path := copyLibrary(t, ffiLib)
+	m, err := dsoop.Open(path)
+	require.NoError(t, err)
+	require.NoError(t, native.KeepLoaded(m))
+	require.NoError(t, m.Close())
+	rebuilt, err := os.ReadFile(testLib)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, rebuilt, 0o644))
+	_, f := openAddOne(t, path) // the rebuilt file replaces the kept library's entry
+	addOneWorks(t, f)
+	for range 3 {
+		runtime.GC()
+	}
+	for range 4 {
+		_, f := openAddOne(t, copyLibrary(t, testLib))
+		addOneWorks(t, f)
+	}
 }

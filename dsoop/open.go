@@ -98,7 +98,6 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	isVM := C.dsoop_module_is_vm(handle, &cerr)
 	if isVM < 0 {
 		C.dsoop_object_release(handle)
-		sealed.close() // the library goes unused: its memfd need not outlive this call
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
 	return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}), nil

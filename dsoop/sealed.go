@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -114,11 +115,37 @@ func sealUnchecked(name string, src io.Reader) (*sealedLibrary, error) {
 	return s, nil
 }
 
-// loadPath is the path the loader opens: the memfd, by its /proc entry.
-func (s *sealedLibrary) loadPath() string { return fmt.Sprintf("/proc/self/fd/%d", s.file.Fd()) }
+// loaderFiles are the memfds whose paths the loader was given, held open for
+// the life of the process. The loader (glibc's dlopen) hands back a library
+// already loaded from the path it is asked for, and a library may stay mapped
+// after TVM releases it: were its memfd closed (or collected with a Module
+// entry a rebuilt file replaced), its fd number, and so its path, would go to
+// the next library, and that one's loads would run the old one's code.
+var loaderFiles struct {
+	sync.Mutex
+	held map[*sealedLibrary]bool
+}
 
-// close releases the memfd; only once the library can no longer be mapped.
-func (s *sealedLibrary) close() { s.file.Close() }
+// loadPath is the path the loader opens: the memfd, by its /proc entry. The
+// memfd is held for the life of the process from then on (loaderFiles).
+func (s *sealedLibrary) loadPath() string {
+	loaderFiles.Lock()
+	defer loaderFiles.Unlock()
+	if loaderFiles.held == nil {
+		loaderFiles.held = map[*sealedLibrary]bool{}
+	}
+	loaderFiles.held[s] = true
+	return fmt.Sprintf("/proc/self/fd/%d", s.file.Fd())
+}
+
+// close releases the memfd, unless the loader was given its path.
+func (s *sealedLibrary) close() {
+	loaderFiles.Lock()
+	defer loaderFiles.Unlock()
+	if !loaderFiles.held[s] {
+		s.file.Close()
+	}
+}
 
 // elfMachines is the ELF machine of each architecture Go builds this for.
 var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
