@@ -9,6 +9,8 @@
 # make fuzz         longer fuzzing: the checks before loading, the Go argument frames
 # make test-matrix  the core tests on TensorFlow 2.18-2.21, each in its own venv and build
 # make test-tf VERSION=2.20   one of them
+# make wheel        the binary wheel in dist/: the op library for each of TensorFlow 2.18-2.21
+# make test-wheel   the wheel installed in a clean venv per TensorFlow, no toolchain on PATH
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -17,7 +19,7 @@ BUILD   := build
 STAMP   := $(VENV)/.installed
 HOST_PYTHON ?= python3
 
-.PHONY: all setup build test test-tf test-matrix test-go test-python test-gpu go-examples run-go-examples demo bench bench-publish fuzz run-fuzz clean
+.PHONY: all setup build test test-tf test-matrix test-go test-python test-gpu go-examples run-go-examples demo bench bench-publish fuzz run-fuzz wheel test-wheel clean
 
 all: build
 
@@ -74,6 +76,15 @@ test-tf: setup
 test-matrix: setup
 	for v in $(TF_VERSIONS); do tests/tf_matrix.sh $$v || exit 1; done
 
+# One wheel for every TensorFlow of TF_VERSIONS, each op library built in its own
+# build-wheel-tfVERSION (packaging/build_wheel.py); the .venv's TVM compiles the
+# function test-wheel runs.
+wheel: setup
+	$(PYTHON) packaging/build_wheel.py --versions $(shell echo $(TF_VERSIONS) | tr ' ' ',') --out dist
+
+test-wheel: wheel
+	for v in $(TF_VERSIONS); do packaging/check_wheel.sh $$v || exit 1; done
+
 # Everything it runs is in build/gpu/, so a GPU machine without the .venv (or a
 # network) runs it from a build/gpu/ made elsewhere; it builds only when missing.
 GPU_HARNESS := $(BUILD)/gpu/stream_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/slow_fill.so $(BUILD)/gpu/tvm_add_one.so $(BUILD)/gpu/results.json
@@ -113,6 +124,6 @@ bench-publish: setup
 	$(PYTHON) bench/run.py --publish
 
 clean:
-	rm -rf $(BUILD) build-tf*
+	rm -rf $(BUILD) build-tf* build-wheel-tf* dist
 
 -include $(BUILD)/cgo.mk

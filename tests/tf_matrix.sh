@@ -30,19 +30,9 @@ if [[ ! -x $tvm_python ]]; then
   exit 1
 fi
 
-venv=.venv-tf$version
 build=build-tf$version
-python=$PWD/$venv/bin/python
-
-echo "== TensorFlow $version: $venv"
-if [[ ! -x $python ]]; then
-  python3 -m venv "$venv"
-fi
-"$python" -m pip install --quiet --disable-pip-version-check -r "requirements/tf-$version.txt"
-
-echo "== TensorFlow $version: $build"
-cmake -S . -B "$build" -G Ninja -DPython3_EXECUTABLE="$python"
-cmake --build "$build" --target tvm_dso_op tvmdsoop-probe
+TVMDSOOP_BUILD_DIR=$build packaging/tf_build.sh "$version"
+python=$PWD/.venv-tf$version/bin/python
 
 echo "== TensorFlow $version: tests"
 # The op finds its probe beside itself and the TVM runtime from the TVM Python:

@@ -28,16 +28,29 @@ _libc = ctypes.CDLL(None)
 _libc.free.argtypes = [ctypes.c_void_p]
 
 
+#: The binary wheel's folder of op libraries, one tfMAJOR.MINOR/ per TensorFlow
+#: it was built for (packaging/build_wheel.py).
+WHEEL_LIBRARIES = "_ops"
+
+
+class UnsupportedTensorFlowError(ImportError):
+    """The binary wheel holds no op library for the running TensorFlow."""
+
+
 def library_path() -> Path:
     """The op library this package loads.
 
-    In order: ``$TVMDSOOP_LIBRARY``; the copy installed in the package; the
-    ``build/`` folder of the source tree the package sits in (an editable install).
+    In order: ``$TVMDSOOP_LIBRARY``; the binary wheel's library for the running
+    TensorFlow's minor version; the copy ``pip install .`` built into the
+    package; the ``build/`` folder of the source tree the package sits in (an
+    editable install).
     """
     explicit = os.environ.get(LIBRARY_ENV)
     if explicit:
         return Path(explicit)
     here = Path(__file__).resolve().parent
+    if (here / WHEEL_LIBRARIES).is_dir():
+        return wheel_library(here / WHEEL_LIBRARIES, tf.__version__)
     candidates = [here / LIBRARY_NAME, here.parent.parent / "build" / LIBRARY_NAME]
     for candidate in candidates:
         if candidate.is_file():
@@ -48,6 +61,21 @@ def library_path() -> Path:
         + f"; install the package with `pip install .` from its source (docs/install.md), "
         + f"run `make build` in a checkout, or set {LIBRARY_ENV}"
     )
+
+
+def wheel_library(folder: Path, running: str) -> Path:
+    """The op library of the binary wheel's ``folder`` for TensorFlow ``running``."""
+    built = sorted((d.name.removeprefix("tf") for d in folder.glob("tf*") if (d / LIBRARY_NAME).is_file()),
+                   key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    minor = ".".join(_minor(running))
+    if minor not in built:
+        held = f"the op library for TensorFlow {', '.join(built)}" if built else "no op library"
+        raise UnsupportedTensorFlowError(
+            f"tf_op: this tvmdsoop wheel holds {held} ({folder}), and TensorFlow {running} is running: "
+            "install a TensorFlow it was built for, or build tvmdsoop from its source against this one "
+            "(`pip install .` in a checkout, docs/install.md)"
+        )
+    return folder / f"tf{minor}" / LIBRARY_NAME
 
 
 class BuildMismatchError(ImportError):

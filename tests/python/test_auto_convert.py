@@ -216,7 +216,7 @@ def test_a_model_with_a_loop_converts_and_serves_tfs_values(tmp_path: Path) -> N
                                   cache_dir=tmp_path / "cache", timing_fallback=False)
     by_op = {("While" in c.ops): c for c in clusters}
     assert by_op[True].status == "tf" and "element_shape" in by_op[True].reason, by_op[True]
-    assert by_op[False].status == "tvm", by_op[False]
+    assert by_op[False].status == "tvm", f"{by_op[False].reason}: {by_op[False].shape_records}"
 
     loaded = tf.saved_model.load(str(tmp_path / "converted")).signatures["serving_default"]
     np.testing.assert_allclose(loaded(steps=tf.constant(x))["out"].numpy(), model(x, training=False).numpy(),

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs the binary wheel as a user would, in a clean venv with TensorFlow
+# VERSION and nothing but that venv's Python on PATH (no Go, CMake or compiler),
+# then runs a TVM function in a TF graph and `tvmdsoop inspect` on its library:
+#
+#   packaging/check_wheel.sh VERSION [WHEEL]     (WHEEL: dist/tvmdsoop-*.whl)
+#
+# The function is examples/build_add_one.py's, compiled by the project's .venv
+# (`make setup`); the venv installs the wheel's [tvm] extra, whose TVM runtime a
+# tvm.compile'd library needs.
+set -euo pipefail
+[[ $# -ge 1 ]] || { echo "usage: $0 VERSION [WHEEL]" >&2; exit 2; }
+version=$1
+cd "$(dirname "$0")/.."  # the repository root
+wheel=${2:-$(ls dist/tvmdsoop-*.whl | tail -n 1)}
+wheel=$(realpath "$wheel")
+[[ -f requirements/tf-$version.txt ]] || { echo "$0: no requirements/tf-$version.txt" >&2; exit 2; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+.venv/bin/python examples/build_add_one.py "$work/add_one.so"
+
+echo "== TensorFlow $version: a clean venv, the wheel from $wheel"
+python3 -m venv "$work/venv"
+# Only the venv on PATH: what pip and the package need must come from the wheels.
+clean=(env -i "HOME=$HOME" "PATH=$work/venv/bin" "TMPDIR=${TMPDIR:-/tmp}" "TF_CPP_MIN_LOG_LEVEL=2")
+pins=$(grep -E '^(tensorflow-cpu|numpy)==' "requirements/tf-$version.txt")
+# shellcheck disable=SC2086  # one argument per pin
+"${clean[@]}" pip install --quiet --disable-pip-version-check $pins "$wheel[tvm]"
+
+"${clean[@]}" python - "$work/add_one.so" "$version" <<'PY'
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import tf_op
+from tf_op import _library
+
+library, version = sys.argv[1], sys.argv[2]
+assert tf.__version__.startswith(version + "."), tf.__version__
+assert f"/_ops/tf{version}/" in str(_library.library_path()), _library.library_path()
+add_one = tf_op.Module(library).add_one
+
+
+@tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+def graph(x: tf.Tensor) -> tf.Tensor:
+    return add_one(x, output_shape=tf.shape(x), output_dtype=tf.float32)
+
+
+x = np.arange(5, dtype=np.float32)
+np.testing.assert_array_equal(graph(x).numpy(), x + 1)
+print(f"TensorFlow {tf.__version__}: add_one in a graph from the wheel's {_library.library_path().parent.name}")
+PY
+
+inspected=$("${clean[@]}" tvmdsoop inspect "$work/add_one.so" --json)
+"${clean[@]}" python - "$inspected" "$(sha256sum "$work/add_one.so" | cut -d' ' -f1)" <<'PY'
+import json
+import sys
+
+report, digest = json.loads(sys.argv[1]), sys.argv[2]
+assert "add_one" in report["functions"], report
+assert report["sha256"] == digest, (report["sha256"], digest)
+print(f"tvmdsoop inspect: functions {report['functions']}, sha256 {digest[:16]}...")
+PY
