@@ -106,7 +106,7 @@ def _metadata(project: dict, version: str) -> str:
     lines = ["Metadata-Version: 2.4", f"Name: {project['name']}", f"Version: {version}",
              f"Summary: {project['description']}", f"License-Expression: {project['license']}",
              f"Requires-Python: {project['requires-python']}"]
-    lines += [f"License-File: {Path(f).name}" for f in project.get("license-files", [])]
+    lines += [f"License-File: {f}" for f in project.get("license-files", [])]
     lines += [f"Requires-Dist: {d}" for d in project["dependencies"]]
     for extra, requirements in project["optional-dependencies"].items():
         lines.append(f"Provides-Extra: {extra}")
@@ -144,7 +144,8 @@ def assemble(builds: dict[str, Path], out_dir: Path) -> Path:
             entries.append((f"tf_op/_ops/tf{tf_version}/{name}", source.read_bytes(),
                             0o755 if name == "tvmdsoop-probe" else 0o644))
     for license_file in project.get("license-files", []):
-        entries.append((f"{dist_info}/licenses/{Path(license_file).name}", (ROOT / license_file).read_bytes(), 0o644))
+        # Under their paths in the project (PEP 639): two are named LICENSE.
+        entries.append((f"{dist_info}/licenses/{license_file}", (ROOT / license_file).read_bytes(), 0o644))
     entries.append((f"{dist_info}/METADATA", _metadata(project, version).encode(), 0o644))
     entries.append((f"{dist_info}/WHEEL", (f"Wheel-Version: 1.0\nGenerator: tvmdsoop packaging/build_wheel.py\n"
                                            f"Root-Is-Purelib: false\nTag: {tag}\n").encode(), 0o644))

@@ -40,12 +40,12 @@ from tf_op import _library
 library, version = sys.argv[1], sys.argv[2]
 assert tf.__version__.startswith(version + "."), tf.__version__
 assert f"/_ops/tf{version}/" in str(_library.library_path()), _library.library_path()
-add_one = tf_op.Module(library).add_one
+add_one = tf_op.Module(library).func("add_one")
 
 
-@tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+@tf.function(input_signature=[tf.TensorSpec([None], tf.float32)], autograph=False)
 def graph(x: tf.Tensor) -> tf.Tensor:
-    return add_one(x, output_shape=tf.shape(x), output_dtype=tf.float32)
+    return add_one(x)
 
 
 x = np.arange(5, dtype=np.float32)

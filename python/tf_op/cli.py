@@ -1,13 +1,17 @@
 """The ``tvmdsoop`` command (also ``python -m tf_op``): what a TVM library is,
-and whether it is the one expected, told before anyone loads it.
+and whether it is the one expected, told before anyone loads it; and a saved
+model compiled into a SavedModel that runs on TVM.
 
     tvmdsoop inspect LIB [--json]    its kind, functions, SHA-256, TVM, CPU needs
     tvmdsoop verify LIB --sha256 HEX  exit 0 when the file has that digest
+    tvmdsoop compile MODEL OUT [--batch-sizes 1,8] [--signature KEY] [--target T] [--tune N]
 
 Nothing of the library runs: ``inspect`` reads it with the op library's ELF
 reader (the checks the op makes before it loads one), and ``verify`` hashes it.
-Errors are one line on stderr: exit status 2 for a wrong command line, 1 for a
-library that fails (missing, not a library, another digest).
+``compile`` runs ``tf_op.compile`` (docs/compiler.md) on a SavedModel's
+signature or a Keras file. Errors are one line on stderr: exit status 2 for a
+wrong command line, 1 for a library or model that fails (missing, not a
+library, another digest, a compile error).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Inspect and verify TVM libraries without loading them.",
+        prog=PROG, description="Inspect and verify TVM libraries without loading them; compile saved models with TVM.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -72,7 +76,57 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--sha256", required=True, type=_sha256_argument, metavar="HEX",
                         help="the SHA-256 expected: 64 hex digits")
     verify.set_defaults(run=_verify)
+
+    compile_ = commands.add_parser(
+        "compile", help="a SavedModel or Keras file compiled with TVM, written as a SavedModel that runs it",
+        description="Compiles MODEL (a SavedModel folder, or a .keras or .h5 file) with tf_op.compile for each "
+                    "batch size and writes to OUT a SavedModel whose signature (the same name, inputs and "
+                    "outputs) runs the TVM libraries, held as its assets. Where it loads it needs `import tf_op` "
+                    "(or the op library linked in), not TVM.",
+    )
+    compile_.add_argument("model", metavar="MODEL", help="a SavedModel folder, or a .keras or .h5 file")
+    compile_.add_argument("output", metavar="OUT", help="the SavedModel folder to write")
+    compile_.add_argument("--batch-sizes", type=_batch_sizes_argument, default=[1], metavar="N[,N...]",
+                          help="the batch sizes to compile (the inputs' first dimension; default 1)")
+    compile_.add_argument("--signature", default="serving_default", metavar="KEY",
+                          help="the SavedModel's signature to compile (default serving_default)")
+    compile_.add_argument("--target", default=None,
+                          help="portable (default: every x86-64 level, the highest the CPU has runs), native, "
+                               "or a TVM target string")
+    compile_.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                          help="tune with MetaSchedule, this many trials in all (needs the [tune] extra)")
+    compile_.add_argument("--cache-dir", default=None, metavar="DIR",
+                          help="tf_op.compile's cache (default $TVMDSOOP_CACHE_DIR or ~/.cache/tvmdsoop)")
+    compile_.set_defaults(run=_compile)
     return parser
+
+
+def _batch_sizes_argument(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes are positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def _compile(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up lines say nothing here
+    from tf_op.compiler.errors import CompileError
+    from tf_op.compiler.export import export
+
+    if os.path.exists(args.output):
+        raise Failure(f"{os.path.abspath(args.output)} exists: name a new folder for the SavedModel")
+    try:
+        compiled = export(args.model, args.output, batch_sizes=args.batch_sizes, signature_key=args.signature,
+                          target=args.target, tune=args.tune, cache_dir=args.cache_dir)
+    except (OSError, ValueError, CompileError) as e:
+        raise Failure(str(e)) from None
+    for c in compiled:
+        print(f"input shapes {c.shapes}: {c.library} (sha256 {c.sha256})")
+    print(f"wrote the SavedModel {os.path.abspath(args.output)}")
+    return 0
 
 
 def _sha256_argument(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The tvmdsoop command (python -m tf_op): inspect and verify, run as a user
+"""The tvmdsoop command (python -m tf_op): inspect, verify and compile, run as a user
 would, in a process of its own, on libraries TVM and a C compiler made."""
 
 from __future__ import annotations
@@ -173,6 +173,8 @@ def test_verify_a_missing_file_fails(tmp_path: Path) -> None:
         ("inspect",),  # no library
         (),  # no command
         ("frobnicate", "lib.so"),
+        ("compile", "model.keras"),  # no output
+        ("compile", "model.keras", "out", "--batch-sizes", "0,2"),
     ],
 )
 def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
@@ -189,3 +191,97 @@ def test_the_console_script_is_the_same_command() -> None:
     result = subprocess.run([sys.executable, "-c", "import sys, tf_op.cli; sys.exit(tf_op.cli.main(['--version']))"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.startswith("tvmdsoop "), result.stderr
+
+
+#: A small CNN, saved as a Keras file and as a SavedModel with a named
+#: signature, and its Keras logits for batches 1 and 3, in the folder given.
+_SAVE_MODELS = """
+import sys
+import keras, numpy as np, tensorflow as tf
+root = sys.argv[1]
+keras.utils.set_random_seed(0)
+images = keras.Input((8, 8, 3), name="images")
+x = keras.layers.Conv2D(4, 3, activation="relu")(images)
+x = keras.layers.GlobalAveragePooling2D()(x)
+model = keras.Model(images, keras.layers.Dense(2, name="logits")(x))
+model.save(f"{root}/model.keras")
+
+class Served(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = model
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 3], tf.float32, name="images")])
+    def predict(self, images):
+        return {"scores": self.model(images, training=False)}
+
+served = Served()
+tf.saved_model.save(served, f"{root}/saved", signatures={"predict": served.predict})
+np.savez(f"{root}/expected.npz", **{str(b): model(np.random.default_rng(b).random((b, 8, 8, 3), dtype=np.float32)).numpy()
+                                    for b in (1, 3)})
+"""
+
+#: Loads the SavedModel ``compile`` wrote and checks its signature's outputs.
+_SERVE = """
+import sys
+import numpy as np, tensorflow as tf
+import tf_op
+out, key, output, root = sys.argv[1:]
+signature = tf.saved_model.load(out).signatures[key]
+expected = np.load(f"{root}/expected.npz")
+for b in (1, 3):
+    got = signature(images=tf.constant(np.random.default_rng(b).random((b, 8, 8, 3), dtype=np.float32)))
+    np.testing.assert_allclose(got[output].numpy(), expected[str(b)], rtol=1e-4, atol=1e-5)
+print("served")
+"""
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    made = subprocess.run([sys.executable, "-c", _SAVE_MODELS, str(root)], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr
+    return root
+
+
+@pytest.mark.parametrize(("model", "key", "output"), [("model.keras", "serving_default", "logits"),
+                                                      ("saved", "predict", "scores")])
+def test_compile_writes_a_savedmodel_that_runs_tvm(saved_models: Path, tmp_path: Path, model: str, key: str,
+                                                   output: str) -> None:
+    out = tmp_path / "compiled"
+    result = tvmdsoop("compile", str(saved_models / model), str(out), "--batch-sizes", "1,3", "--signature", key,
+                      "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    libraries = re.findall(r"input shapes \[\[(\d), 8, 8, 3\]\]: (\S+) \(sha256 ([0-9a-f]{64})\)", result.stdout)
+    assert sorted(b for b, _, _ in libraries) == ["1", "3"], result.stdout
+    for _, library, digest in libraries:
+        assert Path(library).parent == out / "assets"
+        assert hashlib.sha256(Path(library).read_bytes()).hexdigest() == digest
+    shutil.rmtree(tmp_path / "cache")  # the SavedModel brings its libraries
+    served = subprocess.run([sys.executable, "-c", _SERVE, str(out), key, output, str(saved_models)],
+                            capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0 and "served" in served.stdout, served.stderr
+
+
+@pytest.mark.parametrize(("model", "pattern"), [
+    ("missing.keras", r"missing\.keras does not exist"),
+    ("expected.npz", r"expected\.npz is neither a SavedModel folder nor a Keras file"),
+    (".", r"is a folder with no saved_model\.pb: not a SavedModel"),
+])
+def test_compile_failures_are_one_line(saved_models: Path, tmp_path: Path, model: str, pattern: str) -> None:
+    result = tvmdsoop("compile", str(saved_models / model), str(tmp_path / "out"))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert re.search(r"^tvmdsoop compile: .*" + pattern, result.stderr, re.MULTILINE), result.stderr
+
+
+def test_compile_names_the_signatures_a_savedmodel_has(saved_models: Path, tmp_path: Path) -> None:
+    result = tvmdsoop("compile", str(saved_models / "saved"), str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "has no signature 'serving_default'; it has ['predict']" in result.stderr
+
+
+def test_compile_refuses_to_overwrite(saved_models: Path, tmp_path: Path) -> None:
+    result = tvmdsoop("compile", str(saved_models / "model.keras"), str(tmp_path))
+    assert result.returncode == 1 and "exists: name a new folder" in result.stderr

@@ -120,7 +120,7 @@ def test_a_fresh_process_hits_without_converting_and_other_weights_miss(tmp_path
         assert result.returncode == 0, result.stderr
         logs.append(result.stderr)
     first, again, other = logs
-    assert "TVM compiled" in first and "converted sequential to TFLite" in first
+    assert "TVM compiled" in first and "sequential: converted to TFLite" in first
     assert "cache hit" in again and "to TFLite" not in again and "TVM compiled" not in again
     assert "cache hit" not in other and "TVM compiled" in other
     assert len(_libraries(tmp_path)) == 2

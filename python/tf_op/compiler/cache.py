@@ -27,6 +27,7 @@ from tf_op.compiler import worker
 from tf_op.module import file_sha256
 
 if TYPE_CHECKING:  # targets keeps its answers here: imported for the type only
+    from tf_op.compiler.progress import Progress
     from tf_op.compiler.targets import Target
 
 logger = logging.getLogger(__package__)
@@ -62,7 +63,7 @@ def key(fingerprint: str, target: Target, trials: int, tvm_version: str) -> str:
 
 
 def library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, python: str,
-            tvm_version: str, cache_dir: Path, name: str) -> tuple[Path, str]:
+            tvm_version: str, cache_dir: Path, progress: Progress) -> tuple[Path, str]:
     """The library for the function of this fingerprint, resolved target and
     tuning budget, and its sha256: from the cache when its entry is whole (its
     recorded digest matches), else compiled now by the worker on ``python`` from
@@ -73,12 +74,12 @@ def library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trial
         if lib_path.is_file() and digest_path.is_file():
             recorded = digest_path.read_text().strip()
             if file_sha256(lib_path) == recorded:
-                logger.info("cache hit for %s: %s", name, lib_path)
+                logger.info("cache hit for %s: %s", progress.name, lib_path)
                 return lib_path, recorded
             logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
         else:
-            logger.info("cache miss for %s: converting it to TFLite and compiling %s", name, lib_path)
-        digest = worker.compile_into(tflite(), target, trials, python, lib_path, name)
+            logger.info("cache miss for %s: converting it to TFLite and compiling %s", progress.name, lib_path)
+        digest = worker.compile_into(tflite(), target, trials, python, lib_path, progress)
         write_atomically(digest_path, digest.encode() + b"\n")
     return lib_path, digest
 

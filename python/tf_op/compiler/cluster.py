@@ -39,6 +39,7 @@ from tensorflow.python.framework import function_def_to_graph
 from tf_op.compiler import cache, flops, tflite_conversion, unroll
 from tf_op.compiler.compiled_function import _library
 from tf_op.compiler.errors import CompileError
+from tf_op.compiler.progress import Progress
 from tf_op.compiler.targets import HOST_TARGET
 
 #: The prefixes of the answer's line: the library, or why there is none.
@@ -240,8 +241,10 @@ def compile_cluster(name: str, library: function_pb2.FunctionDefLibrary, inputs:
         raise CompileError(f"{name}: the request holds no function")
     concrete = concrete_function(library.function[0], inputs, library.function[1:])
     fingerprint = tflite_conversion.fingerprint(concrete)
-    lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
-                                target, 0, cache.folder(cache_dir), name)
+    # The pass's compiles run unseen: their stages go to the log only.
+    with Progress(name, after_s=float("inf")) as progress:
+        lib_path, digest = _library(fingerprint.digest, lambda: tflite_conversion.to_tflite(concrete, name),
+                                    target, 0, cache.folder(cache_dir), progress)
     return {"library": str(lib_path), "sha256": digest, "flops": flops.conv_matmul_flops(concrete.graph)}
 
 

@@ -19,6 +19,7 @@ from tensorflow.python.eager import record  # whether a tape records: TF has no 
 from tensorflow.python.ops import resource_variable_ops
 
 from tf_op.compiler import cache, targets, tflite_conversion, worker
+from tf_op.compiler.progress import Progress
 from tf_op.compiler.errors import CompileError
 from tf_op.compiler.targets import Target
 from tf_op.module import Func, Module
@@ -104,7 +105,14 @@ class CompiledFunction(tf.Module):
         tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
         if all(shape.is_fully_defined() for shape in shapes):
-            run = functools.partial(self._run, self.compile_for(tuple(tuple(s.as_list()) for s in shapes)))
+            static = tuple(tuple(s.as_list()) for s in shapes)
+            if tf.executing_eagerly() and state.compiled and static not in state.compiled:
+                # Eager calls see each batch size as a new shape, and each new
+                # shape compiles: what the user should know once per shape.
+                logger.warning("tf_op.compile(%s): compiling again, for the new input shapes %s (compiled: %s); "
+                               "compile the shapes ahead with batch_sizes= to keep compiles out of the calls", state.name,
+                               [list(s) for s in static], "; ".join(str([list(d) for d in k]) for k in state.compiled))
+            run = functools.partial(self._run, self.compile_for(static))
         else:
             run = functools.partial(self._dispatch, shapes=shapes)
         # Under no tape (inference, eager or traced) the op runs alone.
@@ -222,7 +230,11 @@ class CompiledFunction(tf.Module):
 
     def _build(self, shapes: Shapes) -> _Compiled:
         """Trace -> fingerprint -> (cache, or TFLite and the TVM worker) -> a
-        TVMDSOOp for one input shape."""
+        TVMDSOOp for one input shape, each stage said (progress.py)."""
+        with Progress(self._state.name) as progress:
+            return self._build_saying(shapes, progress)
+
+    def _build_saying(self, shapes: Shapes, progress: Progress) -> _Compiled:
         state = self._state
         start = time.perf_counter()
         specs = [tf.TensorSpec(shape, s.dtype, name=s.name or f"input_{i}")
@@ -233,7 +245,7 @@ class CompiledFunction(tf.Module):
             if not out.shape.is_fully_defined():
                 raise CompileError(f"tf_op.compile({state.name}): output {k} has shape {out.shape} for inputs "
                                    f"{list(shapes)}; only static output shapes are supported")
-        logger.info("traced %s for %s in %.2f s", state.name, list(shapes), time.perf_counter() - start)
+        progress.stage(f"traced for input shapes {[list(s) for s in shapes]} in {time.perf_counter() - start:.2f} s")
 
         start = time.perf_counter()
         fingerprint = tflite_conversion.fingerprint(concrete)
@@ -244,8 +256,8 @@ class CompiledFunction(tf.Module):
         def tflite() -> bytes:
             start = time.perf_counter()
             tflite_bytes = tflite_conversion.to_tflite(concrete, state.name)
-            logger.info("converted %s to TFLite (%d bytes) in %.2f s", state.name, len(tflite_bytes),
-                        time.perf_counter() - start)
+            progress.stage(f"converted to TFLite ({len(tflite_bytes) / 1e6:.1f} MB) in "
+                           f"{time.perf_counter() - start:.2f} s")
             # The converter reads the variables now, not when they were
             # fingerprinted: had another thread assigned one since, the library
             # would be cached under the key of values it does not hold.
@@ -254,12 +266,12 @@ class CompiledFunction(tf.Module):
                                    "compile it again when they stay still")
             return tflite_bytes
 
-        lib_path, digest = _library(fingerprint.digest, tflite, state.target, state.trials, state.cache_dir, state.name)
+        lib_path, digest = _library(fingerprint.digest, tflite, state.target, state.trials, state.cache_dir, progress)
         start = time.perf_counter()
         func = Module(str(lib_path), sha256=digest).func(
             "main", output_shapes=[out.shape.as_list() for out in flat_outputs],
             output_dtypes=[out.dtype for out in flat_outputs], device=targets.device(state.target))
-        logger.info("loaded %s in %.2f s", lib_path, time.perf_counter() - start)
+        progress.stage(f"loaded {lib_path} in {time.perf_counter() - start:.2f} s")
         keras_variables = {id(v.value): v for v in state.layer.variables} if state.layer else {}
         variables = tuple((v, keras_variables.get(id(v), v)) for v in concrete.trainable_variables)
         return _Compiled(lib_path, func, concrete.structured_outputs, variables)
@@ -288,7 +300,7 @@ def _no_gradient_message(name: str, variables: Sequence[tf.Variable]) -> str:
 
 
 def _library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trials: int, cache_dir: Path,
-             name: str) -> tuple[Path, str]:
+             progress: Progress) -> tuple[Path, str]:
     """The library for the function of this fingerprint, target and tuning
     budget, and its sha256: the target resolved (``HOST_TARGET``: this CPU),
     then from the cache, or compiled now by the TVM worker from ``tflite()``."""
@@ -296,4 +308,4 @@ def _library(fingerprint: str, tflite: Callable[[], bytes], target: Target, tria
     version = worker.tvm_version(python)  # first: its error names the fix for a Python without TVM
     cache_dir.mkdir(parents=True, exist_ok=True)  # the resolved host target is kept there too
     target = targets.resolved(target, python, version, cache_dir)
-    return cache.library(fingerprint, tflite, target, trials, python, version, cache_dir, name)
+    return cache.library(fingerprint, tflite, target, trials, python, version, cache_dir, progress)

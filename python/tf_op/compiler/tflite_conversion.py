@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,12 +25,23 @@ def to_tflite(concrete: Any, name: str) -> bytes:
 
     What this reads is what ``fingerprint`` hashes: a change here is a change of
     this file's source, which the fingerprint holds."""
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(_without_trackable_warning)
+    try:
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+    finally:
+        absl_logger.removeFilter(_without_trackable_warning)
     converter.optimizations = []
     try:
         return converter.convert()
     except Exception as err:  # noqa: BLE001  (the converter raises several types; all mean "cannot")
         raise CompileError(f"tf_op.compile({name}): TF's TFLite converter rejected the function: {err}") from err
+
+
+def _without_trackable_warning(record: logging.LogRecord) -> bool:
+    """Drops the converter's deprecation warning of the path to_tflite takes on
+    purpose (no trackable object): it speaks of a call the user did not make."""
+    return "trackable_obj" not in record.getMessage()
 
 
 class Fingerprint(NamedTuple):

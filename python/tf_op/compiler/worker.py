@@ -18,6 +18,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from tf_op.compiler.errors import CompileError
 from tf_op.module import file_sha256
 
 if TYPE_CHECKING:  # targets runs the worker (--host-target): imported for the type only
+    from tf_op.compiler.progress import Progress
     from tf_op.compiler.targets import Target
 
 logger = logging.getLogger(__package__)
@@ -82,15 +84,18 @@ def tvm_version(python: str) -> str:
         try:
             return importlib.metadata.version("apache-tvm")
         except importlib.metadata.PackageNotFoundError as err:
-            raise CompileError(f"tf_op.compile: {python} has no apache-tvm: install it, or set "
-                               "TVMDSOOP_TVM_PYTHON to a Python that has it") from err
+            raise CompileError(f"tf_op.compile: {python} has no apache-tvm: install tvmdsoop's [compile] extra "
+                               "(pip install 'tvmdsoop[compile]'), or set TVMDSOOP_TVM_PYTHON to a Python "
+                               "that has it") from err
     result = subprocess.run([python, str(script()), "--version"], capture_output=True, text=True)
     if result.returncode != 0:
-        raise CompileError(f"tf_op.compile: {python} has no apache-tvm: {tail(result.stderr)}")
+        raise CompileError(f"tf_op.compile: {python} (TVMDSOOP_TVM_PYTHON) has no apache-tvm: install tvmdsoop's "
+                           f"[compile] extra there (pip install 'tvmdsoop[compile]'):\n{tail(result.stderr)}")
     return result.stdout.strip()
 
 
-def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, lib_path: Path, name: str) -> str:
+def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, lib_path: Path,
+                 progress: Progress) -> str:
     """Runs the TVM worker into a temporary file beside ``lib_path`` and renames it
     into place, so a failed or interrupted compile leaves nothing under the key;
     the library's sha256."""
@@ -101,18 +106,43 @@ def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, 
         # What tuning finds is kept in the cache folder, for the kernels of later compiles.
         tuning = [str(lib_path.parent / "tuning")] if trials else []
         returncode, output = _run(
-            [python, str(script()), str(tflite_path), str(out_path), json.dumps(target), str(trials), *tuning], name)
+            [python, str(script()), str(tflite_path), str(out_path), json.dumps(target), str(trials), *tuning],
+            progress)
         if returncode != 0 or not out_path.is_file():
-            raise CompileError(f"tf_op.compile({name}): TVM could not compile the model for target "
+            missing = missing_module(output)
+            if missing is not None:
+                module, extra = missing
+                raise CompileError(f"tf_op.compile({progress.name}): {python} lacks the Python module {module!r}, "
+                                   f"which TVM's compile needs: install tvmdsoop's [{extra}] extra there "
+                                   f"(pip install 'tvmdsoop[{extra}]'), or set TVMDSOOP_TVM_PYTHON to a Python "
+                                   f"that has it\n{tail(output)}")
+            raise CompileError(f"tf_op.compile({progress.name}): TVM could not compile the model for target "
                                f"{target!r} (exit {returncode}):\n{tail(output)}")
         digest = file_sha256(out_path)
         os.replace(out_path, lib_path)
     figures = output.strip().splitlines()[-1] if output.strip() else ""
-    logger.info("TVM compiled %s in %.2f s (%s): %s", name, time.perf_counter() - start, figures, lib_path)
+    seconds = time.perf_counter() - start
+    logger.info("TVM compiled %s in %.2f s (%s): %s", progress.name, seconds, figures, lib_path)
+    progress.stage(f"TVM compiled it in {seconds:.2f} s")
     return digest
 
 
-def _run(command: list[str], name: str) -> tuple[int, str]:
+#: The extra of tvmdsoop that brings each module the worker imports.
+_EXTRA_OF_MODULE = {"tvm": "compile", "tflite": "compile", "psutil": "tune", "cloudpickle": "tune",
+                    "xgboost": "tune"}
+
+
+def missing_module(output: str) -> tuple[str, str] | None:
+    """The module the worker failed to import, and the extra that brings it;
+    None for another failure."""
+    for match in re.finditer(r"No module named '([\w.]+)'", output):
+        top = match.group(1).split(".")[0]
+        if top in _EXTRA_OF_MODULE:
+            return match.group(1), _EXTRA_OF_MODULE[top]
+    return None
+
+
+def _run(command: list[str], progress: Progress) -> tuple[int, str]:
     """Runs the TVM worker, logging its progress lines as they come (a tuning
     compile takes minutes: the user sees which stage it is at) and TVM's own
     output at DEBUG; its exit status and everything it wrote."""
@@ -122,9 +152,9 @@ def _run(command: list[str], name: str) -> tuple[int, str]:
         for line in worker.stdout:
             lines.append(line)
             if line.startswith("tvmdsoop: "):
-                logger.info("%s: %s", name, line[len("tvmdsoop: "):].rstrip())
+                progress.stage(line[len("tvmdsoop: "):].rstrip())
             else:
-                logger.debug("%s: TVM: %s", name, line.rstrip())
+                logger.debug("%s: TVM: %s", progress.name, line.rstrip())
     return worker.returncode, "".join(lines)
 
 
