@@ -93,6 +93,10 @@ def tvm_version() -> str:
     return importlib.metadata.version("apache-tvm")
 
 
+#: Starts the line of a failure the user can act on: the parent puts it first.
+ERROR_PREFIX = "tvmdsoop-error: "
+
+
 def progress(message: str) -> None:
     print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
 
@@ -117,6 +121,46 @@ def _patch_flatten_to_nd() -> None:
     tflite_frontend.OperatorConverter.flatten_to_nd = flatten_to_nd
 
 
+class FrontendOpError(Exception):
+    """TVM's TFLite frontend failed on one op: which, and what it computes."""
+
+
+def _name_failing_ops() -> None:
+    """Makes the frontend's failure on an op name the op (its TFLite code) and
+    the tensor it computes, whose name is the user's TF op's: TVM's own
+    messages ("ScatterND op requires ...", "emit_te now only supports ...")
+    name neither."""
+    from tvm.relax.frontend.tflite import tflite_frontend
+
+    converter = tflite_frontend.OperatorConverter
+    if getattr(converter, "_tvmdsoop_names_ops", False):
+        return
+    original_init = converter.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        for code, convert in list(self.convert_map.items()):
+            self.convert_map[code] = _naming(self, code, convert)
+
+    converter.__init__ = init
+    converter._tvmdsoop_names_ops = True
+
+
+def _naming(converter: Any, code: str, convert: Any) -> Any:
+    def named(op: Any) -> Any:
+        try:
+            # Normalised here as the frontend does next: its shape checks fail there.
+            ret = convert(op=op)
+            return None if ret is None else converter.bb.normalize(ret)
+        except Exception as err:
+            tensors = [t.tensor.Name().decode() for t in converter.get_output_tensors(op)]
+            computes = f"computing {tensors[0].split(';')[0]!r}" if tensors else "with no output"
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise FrontendOpError(f"TVM's TFLite frontend cannot take the op {code} {computes}: "
+                                  f"{type(err).__name__}: {reason}") from err
+    return named
+
+
 def import_tflite(flatbuffer: bytes) -> Any:
     """The TFLite model as a Relax module, the layout changes TFLite puts on
     weights that are inputs undone (``weight_layouts``)."""
@@ -124,6 +168,7 @@ def import_tflite(flatbuffer: bytes) -> Any:
     from tvm.relax.frontend.tflite import from_tflite
 
     _patch_flatten_to_nd()
+    _name_failing_ops()
     return weight_layouts.simplify(from_tflite(tflite.Model.GetRootAsModel(flatbuffer, 0)))
 
 
@@ -604,6 +649,9 @@ def main(argv: list[str]) -> int:
 
         traceback.print_exc()
         print(f"tvm compile failed: {type(err).__name__}: {err}", file=sys.stderr)
+        if isinstance(err, FrontendOpError) or type(err).__name__ == "OpNotImplemented":
+            # The line the parent puts first in its error (tf_op/compiler/worker.py).
+            print(f"{ERROR_PREFIX}{str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     return 0
 

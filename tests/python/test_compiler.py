@@ -201,15 +201,34 @@ def test_model_tvm_cannot_take_is_a_compile_error(tmp_path: Path) -> None:
         return xla.dynamic_update_slice(a, tf.ones([2]), tf.constant([1]))
 
     fast = compile(update, [tf.TensorSpec([4])], cache_dir=tmp_path)
-    with pytest.raises(CompileError, match="DYNAMIC_UPDATE_SLICE"):
+    with pytest.raises(CompileError) as raised:
         fast(np.zeros(4, np.float32))
+    first = str(raised.value).splitlines()[0]
+    assert "DYNAMIC_UPDATE_SLICE" in first and "TVM's output follows" in first, first
     assert _entries(tmp_path) == []  # nothing half-written
 
 
+def test_an_op_the_frontend_fails_on_is_named_first(tmp_path: Path) -> None:
+    """TVM's own message (a ScatterND shape check) names no op of the user's:
+    the first line names the TFLite op and the tensor it computes."""
+    fast = compile(lambda x: tf.tensor_scatter_nd_update(x, [[1], [3]], x[:2]), [tf.TensorSpec([8])],
+                   cache_dir=tmp_path)
+    with pytest.raises(CompileError) as raised:
+        fast(np.zeros(8, np.float32))
+    first, *dump = str(raised.value).splitlines()
+    assert re.match(r"tf_op\.compile\(<lambda>\): TVM's TFLite frontend cannot take the op SCATTER_ND computing "
+                    r"'\S+': ValueError: ScatterND op requires", first), first
+    assert any("Traceback" in line for line in dump), "the raw output follows"
+
+
 def test_function_tflite_cannot_take_is_a_compile_error(tmp_path: Path) -> None:
-    fast = compile(lambda s: tf.strings.length(s), [tf.TensorSpec([2], tf.string)], cache_dir=tmp_path)
-    with pytest.raises(CompileError, match="TFLite converter"):
+    fast = compile(lambda s: tf.strings.length(tf.strings.upper(s)), [tf.TensorSpec([2], tf.string)],
+                   cache_dir=tmp_path)
+    with pytest.raises(CompileError) as raised:
         fast(tf.constant(["a", "bc"]))
+    first = str(raised.value).splitlines()[0]
+    assert re.search(r"uses TF ops TVM cannot compile: StringLength, StringUpper \(TFLite", first), first
+    assert "The converter's error follows" in first
     assert _entries(tmp_path) == []
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,7 +36,20 @@ def to_tflite(concrete: Any, name: str) -> bytes:
     try:
         return converter.convert()
     except Exception as err:  # noqa: BLE001  (the converter raises several types; all mean "cannot")
-        raise CompileError(f"tf_op.compile({name}): TF's TFLite converter rejected the function: {err}") from err
+        raise CompileError(f"tf_op.compile({name}): {_rejection(str(err))}") from err
+
+
+def _rejection(message: str) -> str:
+    """The converter's error, first the TF ops it has no TFLite builtin for
+    (TVM compiles from TFLite's op set), then its MLIR dump."""
+    listed = re.findall(r"^(?:TF Select|Custom) ops: ([^\n]+)", message, re.MULTILINE)
+    names = sorted({o.strip() for line in listed for o in line.split(",") if o.strip()}
+                   | set(re.findall(r"'tf\.(\w+)' op is neither a custom op nor a flex op", message)))
+    if not names:
+        return f"TF's TFLite converter rejected the function: {message}"
+    return (f"the function uses TF ops TVM cannot compile: {', '.join(names)} (TFLite, the op set TVM compiles "
+            f"from, has no builtin for them). Compute them outside the function, or let tf_op.auto.enable() "
+            f"compile the rest and leave them to TF. The converter's error follows:\n{message}")
 
 
 def _without_trackable_warning(record: logging.LogRecord) -> bool:

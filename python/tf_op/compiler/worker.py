@@ -39,6 +39,10 @@ logger = logging.getLogger(__package__)
 _PACKAGE = "tf_op_tvm"
 _SCRIPT = "compile_model.py"
 
+#: Starts the worker's line that says which op failed (compile_model.ERROR_PREFIX):
+#: the first line of the CompileError.
+_ERROR_PREFIX = "tvmdsoop-error: "
+
 #: How many lines of the worker's stderr a CompileError shows.
 _STDERR_TAIL_LINES = 40
 
@@ -116,8 +120,11 @@ def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, 
                                    f"which TVM's compile needs: install tvmdsoop's [{extra}] extra there "
                                    f"(pip install 'tvmdsoop[{extra}]'), or set TVMDSOOP_TVM_PYTHON to a Python "
                                    f"that has it\n{tail(output)}")
-            raise CompileError(f"tf_op.compile({progress.name}): TVM could not compile the model for target "
-                               f"{target!r} (exit {returncode}):\n{tail(output)}")
+            said = [line[len(_ERROR_PREFIX):].strip() for line in output.splitlines()
+                    if line.startswith(_ERROR_PREFIX)]
+            first = f"{said[-1]}; TVM's output follows" if said else "TVM could not compile the model"
+            raise CompileError(f"tf_op.compile({progress.name}): {first} (target {target!r}, exit {returncode}):"
+                               f"\n{tail(output)}")
         digest = file_sha256(out_path)
         os.replace(out_path, lib_path)
     figures = output.strip().splitlines()[-1] if output.strip() else ""
