@@ -157,14 +157,22 @@ func TestExportedFunctionsAreCalledThroughTheirSymbols(t *testing.T) {
 	}
 }
 
-// The kernels keep what they load for the life of the process: later kernels
-// share it, whether the Modules are closed or let go.
-func TestKeptLibraryOutlivesItsModules(t *testing.T) {
-	path := copyLibrary(t, testLib)
+// keptAndClosed opens the library at path as a kernel does (kept loaded for the
+// life of the process) and closes its Module.
+func keptAndClosed(t *testing.T, path string) *dsoop.Module {
+	t.Helper()
 	m, err := dsoop.Open(path)
 	require.NoError(t, err)
 	require.NoError(t, native.KeepLoaded(m))
 	require.NoError(t, m.Close())
+	return m
+}
+
+// The kernels keep what they load for the life of the process: later kernels
+// share it, whether the Modules are closed or let go.
+func TestKeptLibraryOutlivesItsModules(t *testing.T) {
+	path := copyLibrary(t, testLib)
+	m := keptAndClosed(t, path)
 	require.ErrorIs(t, native.KeepLoaded(m), dsoop.ErrClosed)
 	func() {
 		let, err := dsoop.Open(path)
@@ -201,10 +209,7 @@ func TestNativeAccessorsRefuseOtherTypes(t *testing.T) {
 // kept one's code.
 func TestKeptLibraryKeepsItsLoaderPathToItself(t *testing.T) {
 	path := copyLibrary(t, ffiLib)
-	m, err := dsoop.Open(path)
-	require.NoError(t, err)
-	require.NoError(t, native.KeepLoaded(m))
-	require.NoError(t, m.Close())
+	keptAndClosed(t, path)
 	rebuilt, err := os.ReadFile(testLib)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, rebuilt, 0o644))
