@@ -96,3 +96,40 @@ def test_compile_warns_of_no_call_the_user_did_not_make(caplog: pytest.LogCaptur
     with caplog.at_level("WARNING"):
         assert compiled(tf.ones([4])).numpy().tolist() == [2.0] * 4
     assert not [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+
+
+def test_a_long_stage_says_it_is_still_at_it() -> None:
+    out = io.StringIO()
+    with Progress("long", after_s=0, stream=out, heartbeat_s=0.3) as progress:
+        progress.stage("imported the TFLite model into Relax in 1.00 s")
+        deadline = time.monotonic() + 10
+        while "still at it" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "still at it (the last stage: imported the TFLite model into Relax in 1.00 s)" in out.getvalue()
+
+
+class _Terminal(io.StringIO):
+    """What a terminal is to tqdm: a stream that says it is one."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_tuning_trials_move_a_bar_on_a_terminal() -> None:
+    pytest.importorskip("tqdm", reason="the bar is tqdm's (the tune extra, requirements/test.txt)")
+    out = _Terminal()
+    with Progress("tuned", after_s=0, stream=out) as progress:
+        for measured in (16, 48, 64):
+            progress.stage(f"tuning: {measured} of 64 trials measured (2.0 s)")
+        progress.stage("tuned 2 of 2 kernels in 9.00 s")
+    text = out.getvalue()
+    assert "tf_op.compile(tuned) tuning" in text and "64/64" in text, text
+    assert "trials measured" not in text, "the bar stands for the trial lines"
+    assert text.rstrip().endswith(": tuned 2 of 2 kernels in 9.00 s")
+
+
+def test_tuning_trials_are_lines_elsewhere() -> None:
+    out = io.StringIO()
+    with Progress("tuned", after_s=0, stream=out) as progress:
+        progress.stage("tuning: 16 of 64 trials measured (2.0 s)")
+    assert out.getvalue().rstrip().endswith(": tuning: 16 of 64 trials measured (2.0 s)")
