@@ -6,8 +6,10 @@
 #   packaging/check_wheel.sh VERSION [WHEEL]     (WHEEL: dist/tvmdsoop-*.whl)
 #
 # The function is examples/build_add_one.py's, compiled by the project's .venv
-# (`make setup`); the venv installs the wheel's [tvm] extra, whose TVM runtime a
-# tvm.compile'd library needs.
+# (`make setup`). The venv installs the wheel's [compile] extra (the TVM runtime
+# a tvm.compile'd library needs, and tf_op.compile's compiler), compiles a
+# function with tf_op.compile there, and checks that [tune] after it would
+# change none of what [compile] installed (the extras compose).
 set -euo pipefail
 [[ $# -ge 1 ]] || { echo "usage: $0 VERSION [WHEEL]" >&2; exit 2; }
 version=$1
@@ -23,10 +25,11 @@ trap 'rm -rf "$work"' EXIT
 echo "== TensorFlow $version: a clean venv, the wheel from $wheel"
 python3 -m venv "$work/venv"
 # Only the venv on PATH: what pip and the package need must come from the wheels.
-clean=(env -i "HOME=$HOME" "PATH=$work/venv/bin" "TMPDIR=${TMPDIR:-/tmp}" "TF_CPP_MIN_LOG_LEVEL=2")
+clean=(env -i "HOME=$HOME" "PATH=$work/venv/bin" "TMPDIR=${TMPDIR:-/tmp}" "TF_CPP_MIN_LOG_LEVEL=2"
+  "TVMDSOOP_CACHE_DIR=$work/cache")
 pins=$(grep -E '^(tensorflow-cpu|numpy)==' "requirements/tf-$version.txt")
 # shellcheck disable=SC2086  # one argument per pin
-"${clean[@]}" pip install --quiet --disable-pip-version-check $pins "$wheel[tvm]"
+"${clean[@]}" pip install --quiet --disable-pip-version-check $pins "$wheel[compile]"
 
 "${clean[@]}" python - "$work/add_one.so" "$version" <<'PY'
 import sys
@@ -51,7 +54,21 @@ def graph(x: tf.Tensor) -> tf.Tensor:
 x = np.arange(5, dtype=np.float32)
 np.testing.assert_array_equal(graph(x).numpy(), x + 1)
 print(f"TensorFlow {tf.__version__}: add_one in a graph from the wheel's {_library.library_path().parent.name}")
+
+compiled = tf_op.compile(lambda v: tf.nn.relu(v) * 2.0, input_signature=[tf.TensorSpec([5], tf.float32)])
+np.testing.assert_array_equal(compiled(x - 2).numpy(), np.maximum(x - 2, 0) * 2)
+print(f"TensorFlow {tf.__version__}: tf_op.compile from the wheel's [compile] extra")
 PY
+
+# The extras compose: [tune] after [compile] only adds.
+changes=$("${clean[@]}" pip install --dry-run --disable-pip-version-check $pins "$wheel[tune]" | grep '^Would install' || true)
+for kept in apache-tvm-ffi apache-tvm tflite tensorflow; do
+  if grep -qE "(^| )$kept-[0-9]" <<<"$changes"; then
+    echo "$0: [tune] after [compile] would reinstall $kept: $changes" >&2
+    exit 1
+  fi
+done
+echo "[tune] after [compile]: ${changes:-nothing to install}"
 
 inspected=$("${clean[@]}" tvmdsoop inspect "$work/add_one.so" --json)
 "${clean[@]}" python - "$inspected" "$(sha256sum "$work/add_one.so" | cut -d' ' -f1)" <<'PY'

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -172,12 +173,37 @@ def import_tflite(flatbuffer: bytes) -> Any:
     return weight_layouts.simplify(from_tflite(tflite.Model.GetRootAsModel(flatbuffer, 0)))
 
 
+class NoLinkerError(Exception):
+    """No C++ compiler to link the library with."""
+
+
+def ensure_linker(work_dir: Path) -> None:
+    """Gives export_library a C++ compiler to link with: the one TVM finds
+    ($CXX, $CC, g++, clang++, cc ... on PATH), else the Zig toolchain's
+    (``python -m ziglang c++``, which tvmdsoop's compile extra brings, for
+    machines with no compiler), through a script in ``work_dir`` named to TVM
+    as $CXX."""
+    from tvm.support import cc
+
+    if cc.get_cc() is not None:
+        return
+    if importlib.util.find_spec("ziglang") is None:
+        raise NoLinkerError("TVM links the compiled library with a C++ compiler, and none is on PATH (g++, clang++, "
+                            "cc or $CXX): install one, or tvmdsoop's [compile] extra, which brings ziglang's")
+    script = work_dir / "zig-c++"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m ziglang c++ "$@"\n')
+    script.chmod(0o755)
+    os.environ["CXX"] = str(script)
+    progress("no C++ compiler on PATH: linking with ziglang's")
+
+
 def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] | str, trials: int = 0,
                    tuning_dir: Path | None = None) -> None:
     """from_tflite -> (tuning) -> tvm.compile -> export_library, once per level
     for ``PORTABLE``. The frontend turns every TFLite weight into a constant, so
     the library's ``main`` takes only the inputs."""
     start = time.perf_counter()
+    ensure_linker(out_path.parent)
     mod = import_tflite(tflite_path.read_bytes())
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
@@ -649,7 +675,7 @@ def main(argv: list[str]) -> int:
 
         traceback.print_exc()
         print(f"tvm compile failed: {type(err).__name__}: {err}", file=sys.stderr)
-        if isinstance(err, FrontendOpError) or type(err).__name__ == "OpNotImplemented":
+        if isinstance(err, FrontendOpError | NoLinkerError) or type(err).__name__ == "OpNotImplemented":
             # The line the parent puts first in its error (tf_op/compiler/worker.py).
             print(f"{ERROR_PREFIX}{str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2

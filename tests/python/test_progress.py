@@ -133,3 +133,28 @@ def test_tuning_trials_are_lines_elsewhere() -> None:
     with Progress("tuned", after_s=0, stream=out) as progress:
         progress.stage("tuning: 16 of 64 trials measured (2.0 s)")
     assert out.getvalue().rstrip().endswith(": tuning: 16 of 64 trials measured (2.0 s)")
+
+
+_LINKER_CHECK = """
+import sys
+from pathlib import Path
+from tf_op_tvm import compile_model
+try:
+    compile_model.ensure_linker(Path(sys.argv[1]))
+except compile_model.NoLinkerError as e:
+    print(e)
+"""
+
+
+def test_no_compiler_to_link_with_says_what_to_install(tmp_path: Path) -> None:
+    """The TVM process with nothing on PATH: TVM would fail on a None path."""
+    from conftest import TVM_PYTHON
+
+    has_zig = subprocess.run([TVM_PYTHON, "-c", "import ziglang"], capture_output=True).returncode == 0
+    if has_zig:
+        pytest.skip("ziglang is installed: it links (packaging/check_wheel.sh checks that path)")
+    env = {"PATH": str(tmp_path), "PYTHONPATH": str(Path(tf_op.__file__).resolve().parents[1])}
+    result = subprocess.run([TVM_PYTHON, "-c", _LINKER_CHECK, str(tmp_path)], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "none is on PATH (g++, clang++, cc or $CXX): install one, or tvmdsoop's [compile] extra" in result.stdout
