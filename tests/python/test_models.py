@@ -328,7 +328,13 @@ def test_model_layer_needs_output_shapes(models_dir: Path, mlp_params: list[np.n
         ("declared shape", tf.errors.InvalidArgumentError, r"output 0 has shape \[4,10\], but the op declares \[3,10\]"),
         ("declared rank", tf.errors.InvalidArgumentError, r"output 0 has shape \[4,10\], but the op declares \[4,10,1\]"),
         ("output count", tf.errors.InvalidArgumentError, r"returned 1 tensor\(s\), but the op declares 2 output"),
-        ("VM shape check", tf.errors.UnknownError, r"'main'.*failed: RuntimeError: .*mismatch"),
+        ("VM shape check", tf.errors.InvalidArgumentError,
+         r"'main'.*: input 0 \(\w+\) does not match the model's signature, which expects R\.Tensor\(\(4, 16, 16, 3\), "
+         r"dtype=\"float32\"\): RuntimeError: .*mismatch"),
+        ("VM rank check", tf.errors.InvalidArgumentError,
+         r"'main'.*: input 0 \(\w+\) does not match the model's signature, .*expect Tensor with ndim 4 but get 3"),
+        ("VM dtype check", tf.errors.InvalidArgumentError,
+         r"'main'.*: input 0 \(\w+\) does not match the model's signature, .*expect Tensor with dtype float32"),
     ],
 )
 def test_model_errors(models_dir: Path, keras_cnn: keras.Model, case: str, error: type, pattern: str) -> None:
@@ -344,6 +350,9 @@ def test_model_errors(models_dir: Path, keras_cnn: keras.Model, case: str, error
         "declared rank": lambda: cnn.func("main", output_shape=[4, 10, 1])(x),
         "output count": lambda: cnn.func("main", output_shapes=[None, None])(x),
         "VM shape check": lambda: cnn.func("main")(tf.constant(images(2, 0))),
+        "VM rank check": lambda: cnn.func("main", output_shape=[4, 10], output_dtype=tf.float32)(x[0]),
+        "VM dtype check": lambda: cnn.func("main", output_shape=[4, 10], output_dtype=tf.float32)(
+            tf.cast(x, tf.float64)),
     }
     with pytest.raises(error, match=f"(?s){pattern}"):
         calls[case]()
