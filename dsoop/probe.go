@@ -97,3 +97,47 @@ func probe(s *sealedLibrary, libs libraries) error {
 		return nil // the probe did not start: load as without one
 	}
 }
+
+// Probe tries the library at path in the probe process, as Open does before it
+// loads a library with no pinned digest, without loading it here, and returns
+// its SHA-256 (hex): the digest of the bytes probed, for callers that then pin
+// it (the Python Module records it in the graph, and the op, given a digest,
+// trusts it). A library the probe process dies of is ErrProbeFailed; one the
+// structure checks refuse, ErrNotALibrary; one the loader merely refuses
+// passes, as for Open (the load says why).
+func Probe(path string) (string, error) {
+	if strings.ContainsRune(path, 0) {
+		return "", fmt.Errorf("dsoop: library path %q holds a NUL byte", path)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("dsoop: library %q: %w", path, err)
+	}
+	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
+		return "", err
+	}
+	if _, err := statLibrary(abs); err != nil {
+		return "", err
+	}
+	sealed, err := sealLibrary(abs)
+	if err != nil {
+		return "", fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
+	// The level Open would load: the bytes that run are those probed.
+	chosen, err := sealed.atHighestLevel(filepath.Base(abs))
+	if err != nil {
+		sealed.close()
+		return "", fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
+	defer chosen.close()
+	if err := Init(); err != nil {
+		return "", err
+	}
+	initMu.Lock()
+	libs := found
+	initMu.Unlock()
+	if err := probe(chosen, libs); err != nil {
+		return "", fmt.Errorf("dsoop: library %s: %w", abs, err)
+	}
+	return chosen.digest, nil // the file's: a level keeps its library's
+}

@@ -94,3 +94,36 @@ func TVMDSOOpInspectLibrary(path *C.char) *C.char {
 	out, _ := json.Marshal(d)
 	return C.CString(string(out))
 }
+
+// probeResult is what TVMDSOOpProbeLibrary tells.
+type probeResult struct {
+	SHA256 string `json:"sha256,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// TVMDSOOpProbeLibrary tries the library at path in the probe process
+// (dsoop.Probe), without loading it here, and returns a malloc'ed JSON object:
+// {"sha256": "..."}, the digest of the bytes probed, or {"error": "..."}. The
+// Python Module asks it for a library the user gave no digest: it then pins
+// that digest, which the op trusts. Free the result with free().
+//
+//export TVMDSOOpProbeLibrary
+func TVMDSOOpProbeLibrary(path *C.char) *C.char {
+	var r probeResult
+	func() {
+		// A Go panic must not unwind into the caller's C frames.
+		defer func() {
+			if p := recover(); p != nil {
+				r = probeResult{Error: fmt.Sprintf("internal error: %v", p)}
+			}
+		}()
+		digest, err := dsoop.Probe(C.GoString(path))
+		if err != nil {
+			r.Error = err.Error()
+			return
+		}
+		r.SHA256 = digest
+	}()
+	out, _ := json.Marshal(r)
+	return C.CString(string(out))
+}

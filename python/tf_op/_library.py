@@ -169,3 +169,16 @@ def inspect(lib_path: str) -> dict[str, object]:
     file that is not a library this process could load."""
     inspect_c = c_function("TVMDSOOpInspectLibrary", (ctypes.c_char_p,), ctypes.c_void_p)
     return json.loads(take_string(inspect_c(os.fsencode(lib_path))))
+
+
+def probe(lib_path: str) -> str:
+    """Tries the library at ``lib_path`` in the op library's probe process
+    (tvmdsoop-probe, a process of its own), without loading it here, and
+    returns the SHA-256 of the bytes probed; raises ``ValueError`` naming the
+    library when the probe died of it (a library that would take this process
+    down when loaded) or refused it."""
+    probe_c = c_function("TVMDSOOpProbeLibrary", (ctypes.c_char_p,), ctypes.c_void_p)
+    result = json.loads(take_string(probe_c(os.fsencode(lib_path))))
+    if "error" in result:
+        raise ValueError(f"tf_op: {result['error'].removeprefix('dsoop: ')}")
+    return str(result["sha256"])

@@ -46,7 +46,9 @@ class Module(tf.Module):
     Args:
       lib_path: the library's path.
       sha256: the SHA-256 (hex) the library must have; by default, that of the
-        file now at lib_path. Pass ``""`` for no check.
+        file now at lib_path, once a process of its own (tvmdsoop-probe) has
+        loaded it without crashing. Pass ``""`` for no check (the op then
+        probes the library when it loads it).
     """
 
     def __init__(self, lib_path: str | bytes | os.PathLike[str], sha256: str | None = None) -> None:
@@ -62,9 +64,11 @@ class Module(tf.Module):
             # os.path.abspath("") is the current directory: refused here, not there.
             raise ValueError("tf_op: the library path is empty")
         self.lib_path = os.path.abspath(path)
-        inspection = _check_library_file(self.lib_path)
-        # The digest of the bytes just checked, unless one is pinned.
-        self._sha256 = sha256.lower() if sha256 is not None else str(inspection["sha256"])
+        _check_library_file(self.lib_path)
+        # The digest of a library the user did not pin is that of the bytes the
+        # probe process loaded first (a library that would take this process
+        # down fails here); the op trusts a digest it is given.
+        self._sha256 = sha256.lower() if sha256 is not None else _library.probe(self.lib_path)
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
         self._description: dict[str, Any] | None = None

@@ -750,6 +750,22 @@ def test_library_that_crashes_while_loading_is_refused(tmp_path) -> None:
     assert "separate process failed: tvmdsoop-probe ended by aborted" in done.stdout, done.stdout
 
 
+def test_module_of_a_library_that_crashes_while_loading_is_refused_when_made(tmp_path) -> None:
+    """tf_op.Module(path) pins the digest of the file it is given: the probe
+    (which the op skips for a pinned library) tries it when the Module is
+    made, in a process of its own."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler builds the crashing library (the op library's build needs one too)"
+    (tmp_path / "crash.c").write_text(CRASHING_LIBRARY)
+    lib = tmp_path / "crash.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "crash.c")], check=True)
+    made = run_python("import sys, tf_op\ntry:\n    tf_op.Module(sys.argv[1])\nexcept ValueError as e:\n"
+                      "    print('refused:', e)\n", str(lib))
+    assert made.returncode == 0, f"the process died making a Module of {lib}:\n{made.stderr[-2000:]}"
+    assert f"refused: tf_op: library {lib}: " in made.stdout and "tvmdsoop-probe ended by aborted" in made.stdout, \
+        made.stdout
+
+
 def test_nul_bytes_are_refused(testlib: str, mod: tf_op.Module) -> None:
     with pytest.raises(ValueError, match="NUL"):
         tf_op.Module(testlib + "\x00junk")
