@@ -58,7 +58,7 @@ def library_path() -> Path:
     raise FileNotFoundError(
         f"tf_op: the op library {LIBRARY_NAME} was not found in "
         + " or ".join(str(c.parent) for c in candidates)
-        + f"; install the package with `pip install .` from its source (docs/install.md), "
+        + "; install the package (the binary wheel, or `pip install .` from its source: docs/install.md), "
         + f"run `make build` in a checkout, or set {LIBRARY_ENV}"
     )
 
