@@ -99,11 +99,15 @@ func TVMDSOOpInspectLibrary(path *C.char) *C.char {
 type probeResult struct {
 	SHA256 string `json:"sha256,omitempty"`
 	Error  string `json:"error,omitempty"`
+	// NotAllowed is set for a library outside TVMDSOOP_ALLOWED_DIRS: not
+	// probed, and refused by the op when it loads it.
+	NotAllowed bool `json:"not_allowed,omitempty"`
 }
 
 // TVMDSOOpProbeLibrary tries the library at path in the probe process
 // (dsoop.Probe), without loading it here, and returns a malloc'ed JSON object:
-// {"sha256": "..."}, the digest of the bytes probed, or {"error": "..."}. The
+// {"sha256": "..."}, the digest of the bytes probed, or {"error": "...",
+// "not_allowed": bool}. The
 // Python Module asks it for a library the user gave no digest: it then pins
 // that digest, which the op trusts. Free the result with free().
 //
@@ -119,7 +123,7 @@ func TVMDSOOpProbeLibrary(path *C.char) *C.char {
 		}()
 		digest, err := dsoop.Probe(C.GoString(path))
 		if err != nil {
-			r.Error = err.Error()
+			r.Error, r.NotAllowed = err.Error(), errors.Is(err, dsoop.ErrNotAllowed)
 			return
 		}
 		r.SHA256 = digest

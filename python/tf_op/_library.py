@@ -171,14 +171,18 @@ def inspect(lib_path: str) -> dict[str, object]:
     return json.loads(take_string(inspect_c(os.fsencode(lib_path))))
 
 
-def probe(lib_path: str) -> str:
+def probe(lib_path: str) -> str | None:
     """Tries the library at ``lib_path`` in the op library's probe process
     (tvmdsoop-probe, a process of its own), without loading it here, and
     returns the SHA-256 of the bytes probed; raises ``ValueError`` naming the
     library when the probe died of it (a library that would take this process
-    down when loaded) or refused it."""
+    down when loaded) or refused it. None for a library outside
+    ``TVMDSOOP_ALLOWED_DIRS``, which is not probed: the op refuses it when it
+    runs (``tf.errors.PermissionDeniedError``)."""
     probe_c = c_function("TVMDSOOpProbeLibrary", (ctypes.c_char_p,), ctypes.c_void_p)
     result = json.loads(take_string(probe_c(os.fsencode(lib_path))))
+    if result.get("not_allowed"):
+        return None
     if "error" in result:
         raise ValueError(f"tf_op: {result['error'].removeprefix('dsoop: ')}")
     return str(result["sha256"])

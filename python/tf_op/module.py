@@ -64,11 +64,15 @@ class Module(tf.Module):
             # os.path.abspath("") is the current directory: refused here, not there.
             raise ValueError("tf_op: the library path is empty")
         self.lib_path = os.path.abspath(path)
-        _check_library_file(self.lib_path)
+        inspection = _check_library_file(self.lib_path)
         # The digest of a library the user did not pin is that of the bytes the
         # probe process loaded first (a library that would take this process
-        # down fails here); the op trusts a digest it is given.
-        self._sha256 = sha256.lower() if sha256 is not None else _library.probe(self.lib_path)
+        # down fails here); the op trusts a digest it is given. One outside the
+        # allow-list is not probed: the op refuses it.
+        if sha256 is not None:
+            self._sha256 = sha256.lower()
+        else:
+            self._sha256 = _library.probe(self.lib_path) or str(inspection["sha256"])
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
         self._description: dict[str, Any] | None = None
