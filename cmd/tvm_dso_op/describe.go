@@ -29,33 +29,45 @@ type libraryDescription struct {
 //
 //export TVMDSOOpDescribeLibrary
 func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
-	var d libraryDescription
-	func() {
-		// A Go panic must not unwind into the caller's C frames.
-		defer func() {
-			if r := recover(); r != nil {
-				d = libraryDescription{Error: fmt.Sprintf("internal error: %v", r)}
-			}
-		}()
+	return answer(func() any {
+		var d libraryDescription
 		// The digest is checked on the bytes read, before any of them runs. Kept
 		// loaded, as the kernels keep theirs: the op shares the loaded copy.
 		module, err := dsoop.OpenPinned(C.GoString(path), C.GoString(sha256))
 		if err != nil {
 			d.Error = err.Error()
-			return
+			return d
 		}
 		defer module.Close()
 		if err := native.KeepLoaded(module); err != nil {
 			d.Error = err.Error()
-			return
+			return d
 		}
 		d.CPULevel = module.CPULevel()
 		d.Model = module.IsVM()
 		if d.Functions, err = module.Functions(); err != nil {
 			d.Error = err.Error()
 		}
+		return d
+	})
+}
+
+// answer returns what tell gives as a malloc'ed JSON object, or {"error":
+// "internal error: ..."} for a Go panic, which must not unwind into the
+// caller's C frames.
+func answer(tell func() any) *C.char {
+	var v any
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				v = struct {
+					Error string `json:"error"`
+				}{fmt.Sprintf("internal error: %v", r)}
+			}
+		}()
+		v = tell()
 	}()
-	out, _ := json.Marshal(d)
+	out, _ := json.Marshal(v)
 	return C.CString(string(out))
 }
 
@@ -76,23 +88,13 @@ type inspection struct {
 //
 //export TVMDSOOpInspectLibrary
 func TVMDSOOpInspectLibrary(path *C.char) *C.char {
-	var d inspection
-	func() {
-		// A Go panic must not unwind into the caller's C frames.
-		defer func() {
-			if r := recover(); r != nil {
-				d = inspection{Error: fmt.Sprintf("internal error: %v", r)}
-			}
-		}()
+	return answer(func() any {
 		in, err := dsoop.Inspect(C.GoString(path))
 		if err != nil {
-			d.Error, d.NotFound = err.Error(), errors.Is(err, fs.ErrNotExist)
-			return
+			return inspection{Error: err.Error(), NotFound: errors.Is(err, fs.ErrNotExist)}
 		}
-		d.Inspection = in
-	}()
-	out, _ := json.Marshal(d)
-	return C.CString(string(out))
+		return inspection{Inspection: in}
+	})
 }
 
 // probeResult is what TVMDSOOpProbeLibrary tells.
@@ -107,27 +109,17 @@ type probeResult struct {
 // TVMDSOOpProbeLibrary tries the library at path in the probe process
 // (dsoop.Probe), without loading it here, and returns a malloc'ed JSON object:
 // {"sha256": "..."}, the digest of the bytes probed, or {"error": "...",
-// "not_allowed": bool}. The
-// Python Module asks it for a library the user gave no digest: it then pins
-// that digest, which the op trusts. Free the result with free().
+// "not_allowed": bool}. The Python Module asks it for a library the user gave
+// no digest: it then pins that digest, which the op trusts. Free the result
+// with free().
 //
 //export TVMDSOOpProbeLibrary
 func TVMDSOOpProbeLibrary(path *C.char) *C.char {
-	var r probeResult
-	func() {
-		// A Go panic must not unwind into the caller's C frames.
-		defer func() {
-			if p := recover(); p != nil {
-				r = probeResult{Error: fmt.Sprintf("internal error: %v", p)}
-			}
-		}()
+	return answer(func() any {
 		digest, err := dsoop.Probe(C.GoString(path))
 		if err != nil {
-			r.Error, r.NotAllowed = err.Error(), errors.Is(err, dsoop.ErrNotAllowed)
-			return
+			return probeResult{Error: err.Error(), NotAllowed: errors.Is(err, dsoop.ErrNotAllowed)}
 		}
-		r.SHA256 = digest
-	}()
-	out, _ := json.Marshal(r)
-	return C.CString(string(out))
+		return probeResult{SHA256: digest}
+	})
 }
