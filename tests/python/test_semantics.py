@@ -732,16 +732,23 @@ CALL_ADD_ONE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_library_that_crashes_while_loading_is_refused(tmp_path) -> None:
-    """A library with no pinned digest (sha256="") is loaded by tvmdsoop-probe
-    first (found beside the op library, or named by TVMDSOOP_PROBE): one whose constructor
-    aborts is refused, and the process that asked lives on. The call runs in a
-    child, so that without the probe this test fails, not the session."""
+@pytest.fixture
+def crashing_library(tmp_path) -> Path:
+    """CRASHING_LIBRARY, compiled: loaded in a process, it aborts it."""
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler builds the crashing library (the op library's build needs one too)"
     (tmp_path / "crash.c").write_text(CRASHING_LIBRARY)
     lib = tmp_path / "crash.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "crash.c")], check=True)
+    return lib
+
+
+def test_library_that_crashes_while_loading_is_refused(crashing_library: Path) -> None:
+    """A library with no pinned digest (sha256="") is loaded by tvmdsoop-probe
+    first (found beside the op library, or named by TVMDSOOP_PROBE): one whose constructor
+    aborts is refused, and the process that asked lives on. The call runs in a
+    child, so that without the probe this test fails, not the session."""
+    lib = crashing_library
     done = run_python(CALL_ADD_ONE_SCRIPT, str(lib))
     assert done.returncode == 0, (
         f"the process died loading {lib} (exit {done.returncode}): no tvmdsoop-probe beside the op "
@@ -750,15 +757,11 @@ def test_library_that_crashes_while_loading_is_refused(tmp_path) -> None:
     assert "separate process failed: tvmdsoop-probe ended by aborted" in done.stdout, done.stdout
 
 
-def test_module_of_a_library_that_crashes_while_loading_is_refused_when_made(tmp_path) -> None:
+def test_module_of_a_library_that_crashes_while_loading_is_refused_when_made(crashing_library: Path) -> None:
     """tf_op.Module(path) pins the digest of the file it is given: the probe
     (which the op skips for a pinned library) tries it when the Module is
     made, in a process of its own."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler builds the crashing library (the op library's build needs one too)"
-    (tmp_path / "crash.c").write_text(CRASHING_LIBRARY)
-    lib = tmp_path / "crash.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "crash.c")], check=True)
+    lib = crashing_library
     made = run_python("import sys, tf_op\ntry:\n    tf_op.Module(sys.argv[1])\nexcept ValueError as e:\n"
                       "    print('refused:', e)\n", str(lib))
     assert made.returncode == 0, f"the process died making a Module of {lib}:\n{made.stderr[-2000:]}"
