@@ -20,7 +20,7 @@ const libraryBinSymbol = ffiSymbolPrefix + "_library_bin"
 type embeddedModule struct {
 	kind, format string
 	// vmFunctions are a Relax VM executable's functions (vmExecutableKind), read
-	// from its function table; nil when it could not be read.
+	// from its function table.
 	vmFunctions []string
 	// vmParams are the parameters' names of each of vmFunctions.
 	vmParams map[string][]string
@@ -87,13 +87,19 @@ func parseEmbeddedModules(bin io.ReaderAt) ([]embeddedModule, error) {
 		case cudaKind:
 			m.format = r.str()
 		case vmExecutableKind:
-			if size <= r.left() { // a table that cannot be read is TVM's loader's to report
-				table, _ := readVMTable(&binReader{r: r.r, off: start, limit: start + size})
-				for _, f := range table {
+			if size > r.left() {
+				break // the skip below reports it
+			}
+			exec, err := readVMExecutable(&binReader{r: r.r, off: start, limit: start + size})
+			if err != nil {
+				return nil, fmt.Errorf("its Relax VM executable is malformed: %w", err)
+			}
+			m.vmFunctions = exec.vmFunctionNames()
+			for _, f := range exec.functions {
+				if f.kind == vmFuncVM {
 					if m.vmParams == nil {
 						m.vmParams = map[string][]string{}
 					}
-					m.vmFunctions = append(m.vmFunctions, f.name)
 					m.vmParams[f.name] = f.params
 				}
 			}
@@ -147,9 +153,12 @@ func (b *binReader) u64() uint64 {
 }
 
 // str reads a str: a kind or a format, short.
-func (b *binReader) str() string {
+func (b *binReader) str() string { return b.strMax(maxNameLength) }
+
+// strMax reads a str of at most max bytes.
+func (b *binReader) strMax(max uint64) string {
 	n := b.u64()
-	if b.err == nil && n > maxNameLength {
+	if b.err == nil && n > max {
 		b.err = fmt.Errorf("a name of %d bytes", n)
 	}
 	return string(b.read(n))

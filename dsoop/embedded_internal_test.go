@@ -28,18 +28,6 @@ func libraryBin(parts ...any) []byte {
 	return bin.Bytes()
 }
 
-// vmExecutable is a Relax VM executable's bytes as TVM writes them, up to its
-// function table (see readVMFunctions): functions of the given kinds and names,
-// each with two parameter names, then what follows the table.
-func vmExecutable(magic uint64, version string, functions ...any) []any {
-	parts := []any{magic, version, uint64(len(functions) / 2)}
-	for i := 0; i < len(functions); i += 2 {
-		parts = append(parts, functions[i], functions[i+1], uint64(0), uint64(9), uint64(2), uint64(5),
-			uint64(2), "x", "y")
-	}
-	return append(parts, "constants and code")
-}
-
 // cudaBytes is a CUDA module's bytes: its format, then what TVM writes after it.
 func cudaBytes(format string) string {
 	return string(libraryBin(format)[8:]) + "function info and code"
@@ -74,12 +62,15 @@ func TestParseEmbeddedModules(t *testing.T) {
 		{"the library alone", libraryBin(with(tree(0), []any{"_lib"})...), nil, false},
 		{"CUDA source", libraryBin(with(tree(1), []any{"_lib", cudaKind, cudaBytes("cuda")})...),
 			[]embeddedModule{{kind: "cuda", format: "cuda"}}, false},
-		{"compiled CUDA and a VM executable", libraryBin(with(tree(2), []any{"_lib", cudaKind, cudaBytes("fatbin"), "relax.VMExecutable", "constants"})...),
-			[]embeddedModule{{kind: "cuda", format: "fatbin"}, {kind: "relax.VMExecutable"}}, false},
+		{"compiled CUDA and a VM executable", libraryBin(with(tree(2), []any{"_lib", cudaKind, cudaBytes("fatbin"), vmExecutableKind, string(validExecutable().bytes())})...),
+			[]embeddedModule{{kind: "cuda", format: "fatbin"}, {kind: vmExecutableKind, vmFunctions: []string{"main"},
+				vmParams: map[string][]string{"main": {"x"}}}}, false},
 		{"a VM executable's functions", libraryBin(with(tree(1), []any{"_lib", vmExecutableKind,
-			string(libraryBin(vmExecutable(0xD225DE2F4214151E, "0.14", uint32(1), "main")...)[8:])})...),
+			string(validExecutable().bytes())})...),
 			[]embeddedModule{{kind: vmExecutableKind, vmFunctions: []string{"main"},
-				vmParams: map[string][]string{"main": {"x", "y"}}}}, false},
+				vmParams: map[string][]string{"main": {"x"}}}}, false},
+		{"a VM executable that fails verification", libraryBin(with(tree(1), []any{"_lib", vmExecutableKind,
+			string(validExecutable().bytes()[:60])})...), nil, true},
 		{"empty", nil, nil, true},
 		{"a module's bytes past the end", libraryBin(with(tree(1), []any{"_lib", "relax.VMExecutable", uint64(1 << 40)})...), nil, true},
 		{"a kind past the end", libraryBin(with(tree(1), []any{"_lib", uint64(3), "ab"})...), nil, true},
@@ -109,7 +100,7 @@ func FuzzParseEmbeddedModules(f *testing.F) {
 	f.Add(libraryBin(uint64(2), uint64(0), uint64(0), uint64(1), uint64(0), "_lib"))
 	f.Add(libraryBin(uint64(3), uint64(0), uint64(1), uint64(1), uint64(1), uint64(1), "_lib", cudaKind, cudaBytes("cuda")))
 	f.Add(libraryBin(uint64(3), uint64(0), uint64(1), uint64(1), uint64(1), uint64(1), "_lib", vmExecutableKind,
-		string(libraryBin(vmExecutable(0xD225DE2F4214151E, "0.14", uint32(1), "main")...)[8:])))
+		string(validExecutable().bytes())))
 	f.Fuzz(func(t *testing.T, bin []byte) {
 		_, _ = parseEmbeddedModules(bytes.NewReader(bin)) // any answer will do
 	})

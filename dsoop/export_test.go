@@ -1,6 +1,10 @@
 package dsoop
 
-import "fmt"
+import (
+	"fmt"
+	"regexp"
+	"slices"
+)
 
 // What the tests of package dsoop_test, which build the test libraries, look at
 // inside.
@@ -46,8 +50,23 @@ func SameObject(a, b *Func) bool { return a.ref.fn.handle == b.ref.fn.handle }
 func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }
 
 // VMFunctionTables gives the functions a model's executable lists in its function
-// table, as the library carries it (nil when unread), and those of TVM's text form.
+// table, as the library carries it, and those of TVM's text form of the
+// executable, which decodes every instruction: each "@name:" alone on a line
+// (kernels and builtins end with "packed_func;").
 func VMFunctionTables(m *Module) (table, text []string, err error) {
-	text, err = m.vmFunctionsFromText()
-	return m.entry.sealed.vmFunctionTable(), text, err
+	asText, err := m.Func("as_text")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer asText.Close()
+	form, err := asText.CallValue()
+	if err != nil {
+		return nil, nil, err
+	}
+	s, _ := form.(string)
+	for _, match := range regexp.MustCompile(`(?m)^@(\S+):$`).FindAllStringSubmatch(s, -1) {
+		text = append(text, match[1])
+	}
+	slices.Sort(text)
+	return m.entry.sealed.vmFunctionTable(), text, nil
 }

@@ -206,9 +206,12 @@ func (s *sealedLibrary) check() (err error) {
 			s.notCode[name] = true
 		}
 	}
-	// Unreadable serialized modules are no reason to refuse the library here:
-	// TVM's loader reads them too, and says what is wrong with them.
-	s.embedded, _ = readEmbeddedModules(f, symbols)
+	// TVM's loader reads the serialized modules as they are, and some of its
+	// readers crash on bytes that are not what they expect: refuse what
+	// readEmbeddedModules cannot read or verify.
+	if s.embedded, err = readEmbeddedModules(f, symbols); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
+	}
 	s.legacy = readLegacyABI(symbols)
 	if s.levels, err = readLevels(symbols, f); err != nil {
 		return fmt.Errorf("%w: %v", ErrNotALibrary, err)
@@ -274,8 +277,7 @@ func checkLoaderSlot(progs []*elf.Prog, sym elf.Symbol) error {
 }
 
 // vmFunctionTable is the VM functions of the Relax VM executable the library
-// embeds, as its function table lists them; nil when it embeds none or the
-// table could not be read.
+// embeds, as its function table lists them; nil when it embeds none.
 func (s *sealedLibrary) vmFunctionTable() []string {
 	exec, _ := s.embeds(vmExecutableKind)
 	return exec.vmFunctions
