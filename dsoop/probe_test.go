@@ -3,10 +3,12 @@ package dsoop_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,6 +41,21 @@ func TestProbe(t *testing.T) {
 		_, err := dsoop.Probe(ccLibrary(t, abortingLibrary))
 		require.ErrorIs(t, err, dsoop.ErrProbeFailed)
 		assert.ErrorContains(t, err, "tvmdsoop-probe ended by aborted")
+	})
+	t.Run("bytes probed once are not probed again", func(t *testing.T) {
+		runs := filepath.Join(t.TempDir(), "runs")
+		counting := filepath.Join(t.TempDir(), "probe.sh")
+		require.NoError(t, os.WriteFile(counting, []byte("#!/bin/sh\necho run >> "+runs+"\nexec "+
+			os.Getenv(dsoop.ProbeEnv)+` "$@"`+"\n"), 0o755))
+		t.Setenv(dsoop.ProbeEnv, counting)
+		lib := ccLibrary(t, "int __tvm_ffi_probed_once(void) { return "+fmt.Sprint(time.Now().UnixNano()%1000000)+"; }")
+		for _, path := range []string{lib, copyLibrary(t, lib)} {
+			_, err := dsoop.Probe(path)
+			require.NoError(t, err)
+		}
+		count, err := os.ReadFile(runs)
+		require.NoError(t, err)
+		assert.Equal(t, "run\n", string(count), "one probe for two copies of one library")
 	})
 	t.Run("a missing file", func(t *testing.T) {
 		_, err := dsoop.Probe(filepath.Join(t.TempDir(), "missing.so"))
