@@ -572,3 +572,50 @@ def test_corrupted_model_executables_never_crash(models_dir: Path, tmp_path: Pat
     assert done.returncode == 0, f"a corrupted copy crashed (exit {done.returncode}):\n{done.stderr[-2000:]}"
     outcomes = json.loads(done.stdout.strip().splitlines()[-1])
     assert sum(outcomes.values()) == 30, outcomes
+
+
+#: Makes a Module of each corrupted copy and has the op load it, by calling a
+#: function it lacks (the op loads the library, then looks the name up), so that
+#: none of the copy's code runs but what loading runs.
+_LOAD_CORRUPTED_FUNCTIONS = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    import tf_op
+    outcomes = {}
+    for path in sys.argv[1:]:
+        try:
+            tf_op.Module(path).func("no_such_function")(tf.constant([1.0]))
+            outcome = "ran"
+        except ValueError:
+            outcome = "refused"
+        except tf.errors.OpError:
+            outcome = "failed"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    print(json.dumps(outcomes))
+""")
+
+
+@pytest.mark.parametrize("probe", ["on", "off"])
+def test_corrupted_function_libraries_never_crash_the_load(modules_dir: Path, tmp_path: Path, probe: str) -> None:
+    """30 copies of a function library with 6 random bytes changed, each given to
+    tf_op.Module without a digest and loaded by the op: Module probes the file in
+    a process of its own, so none takes this one down. With the probe off, some
+    copies crash the loading process: the test can tell."""
+    original = (modules_dir / "testfuncs.so").read_bytes()
+    head = 8192  # the ELF and program headers, the dynamic symbols, relocations: what loading reads
+    rng = np.random.default_rng(1)
+    copies = []
+    for i in range(30):
+        data = bytearray(original)
+        for at in rng.integers(0, head, size=6):
+            data[at] = rng.integers(256)
+        copies.append(tmp_path / f"copy{i}.so")
+        copies[-1].write_bytes(data)
+    env = {} if probe == "on" else {"TVMDSOOP_PROBE": "off"}
+    done = run_python(_LOAD_CORRUPTED_FUNCTIONS, *map(str, copies), env=env)
+    if probe == "off":
+        assert done.returncode != 0, "without the probe no copy crashed the load: this test could not fail"
+        return
+    assert done.returncode == 0, f"a corrupted copy crashed the load (exit {done.returncode}):\n{done.stderr[-2000:]}"
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sum(outcomes.values()) == 30 and "ran" not in outcomes, outcomes
