@@ -12,7 +12,6 @@ package tfbridge
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"path/filepath"
 
@@ -33,7 +32,7 @@ const DynamicDim = -1
 
 // Module names a TVM library (made by TVM's export_library, or any library that
 // exports TVM-FFI functions). The library is loaded by the op when the graph
-// runs, once per process per path; a bad path is reported then.
+// runs, once per process per path.
 type Module struct {
 	path   string
 	sha256 string
@@ -42,10 +41,11 @@ type Module struct {
 
 // NewModule names the library at path (made absolute, so graphs do not depend on
 // the working directory). The graph records the file's SHA-256, and the op
-// refuses a library with another one; a file that does not exist yet records
-// none. A library that exists is loaded now (as the op would load it, and
-// shared with it) to learn whether it is a whole model (a Relax VM executable),
-// whose functions return their outputs.
+// refuses a library with another one. The library is loaded now (as the op
+// would load it, and shared with it; probed first, as no digest is pinned yet)
+// to learn whether it is a whole model (a Relax VM executable), whose functions
+// return their outputs. A file that does not exist is an error wrapping
+// fs.ErrNotExist, as tf_op.Module's is: a graph naming it could only fail.
 func NewModule(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -54,9 +54,6 @@ func NewModule(path string) (*Module, error) {
 	// Kept loaded, as the op keeps the libraries it loads: they share one copy,
 	// and the digest recorded is that of the bytes loaded.
 	module, err := dsoop.Open(abs)
-	if errors.Is(err, fs.ErrNotExist) {
-		return &Module{path: abs}, nil // reported by the op when the graph runs
-	}
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: %w", err)
 	}
