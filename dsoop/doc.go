@@ -42,7 +42,8 @@ package dsoop
 //   - allowlist.go: the folders libraries may be loaded from.
 //   - sealed.go: a library's sealed copy and the checks of its ELF structure;
 //     cpuflags.go: the CPU features it needs; embedded.go: the modules it
-//     carries for TVM's loader; probe.go: its load in a separate process.
+//     carries for TVM's loader; vmexecutable.go: a model's Relax VM executable,
+//     read and verified; probe.go: its load in a separate process.
 //   - loader.go: the load through TVM's loader, and the check of what it left unset.
 //   - legacy.go: libraries of TVM 0.8-0.21 (legacy.c loads those it runs).
 //   - cuda.go: libraries holding CUDA code: TVM's CUDA runtime, opened when one
