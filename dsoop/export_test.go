@@ -1,6 +1,9 @@
 package dsoop
 
-import "fmt"
+import (
+	"fmt"
+	"syscall"
+)
 
 // What the tests of package dsoop_test, which build the test libraries, look at
 // inside.
@@ -50,4 +53,22 @@ func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }
 func VMFunctionTables(m *Module) (table, text []string, err error) {
 	text, err = m.vmFunctionsFromText()
 	return m.entry.sealed.vmFunctionTable(), text, err
+}
+
+// LoaderFile is the memfd m's library was loaded from: the path the loader
+// knows it by, and the memfd's inode.
+func LoaderFile(m *Module) (path string, inode uint64) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(m.entry.sealed.file.Fd()), &st); err != nil {
+		panic(err) // open while m is: its entry's memfd is released only when its Modules are closed
+	}
+	return m.entry.sealed.procPath(), st.Ino
+}
+
+// ReleasedLoaderFiles is how many released memfds wait for the loader to
+// unload their library.
+func ReleasedLoaderFiles() int {
+	loaderFiles.Lock()
+	defer loaderFiles.Unlock()
+	return len(loaderFiles.released)
 }

@@ -174,7 +174,7 @@ func (e *moduleEntry) lookUp(name string) (fn C.DsoopFunction, found bool, err e
 	case 0:
 		return fn, false, nil
 	case 1:
-		cpath := C.CString(e.sealed.loadPath()) // what TVM's loader opened
+		cpath := C.CString(e.sealed.procPath()) // what TVM's loader opened
 		defer C.free(unsafe.Pointer(cpath))
 		C.dsoop_function_use_symbol(e.handle, cpath, cname, &fn)
 		return fn, true, nil
@@ -223,7 +223,10 @@ func (r *moduleRef) close() {
 	}
 	if e.legacy != nil {
 		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
-		return
+	} else {
+		C.dsoop_object_release(e.handle)
 	}
-	C.dsoop_object_release(e.handle)
+	// Unloaded now, unless Funcs, VMFuncs or C holders keep it: its memfd goes
+	// with the last of them (sealedLibrary.close).
+	e.sealed.close()
 }
