@@ -127,6 +127,12 @@ int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, 
 // still listed or gone.
 int dsoop_library_registered(const char* path);
 
+// Hands the C heap's free memory back to the system (glibc's malloc_trim; a
+// no-op elsewhere). glibc raises its threshold for mmap'ed blocks to the size
+// of the largest one freed, so that a model's weights, freed once and loaded
+// again (the next version's), come from the heap and stay there when freed.
+void dsoop_trim_heap(void);
+
 // Looks a function up in a module (and its imports). Returns 1 when found (out
 // holds a new reference), 0 when the module has no such function, -1 on error.
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,

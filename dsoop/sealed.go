@@ -176,6 +176,7 @@ func (s *sealedLibrary) close() {
 func sweepLoaderFiles() {
 	loaderFiles.Lock()
 	defer loaderFiles.Unlock()
+	before := len(loaderFiles.released)
 	loaderFiles.released = slices.DeleteFunc(loaderFiles.released, func(s *sealedLibrary) bool {
 		cpath := C.CString(s.procPath())
 		defer C.free(unsafe.Pointer(cpath))
@@ -185,6 +186,12 @@ func sweepLoaderFiles() {
 		s.file.Close()
 		return true
 	})
+	if len(loaderFiles.released) < before {
+		// What the library's modules held (a model's weights, its VM's memory)
+		// was freed with them: the heap keeps such large blocks otherwise, and
+		// a server loading version after version would hold several versions'.
+		C.dsoop_trim_heap()
+	}
 }
 
 // elfMachines is the ELF machine of each architecture Go builds this for.
