@@ -22,8 +22,9 @@ import (
 // Module is an open TVM module. A library is loaded once per process per path:
 // every Open of the same file shares one loaded module, which is released when
 // the last Module opened on it is closed. Close a Module when done; a finaliser
-// closes it otherwise. Funcs keep their library loaded on their own, so closing a
-// Module does not invalidate the Funcs taken from it.
+// closes it otherwise. Funcs and VMFuncs keep their library loaded on their own,
+// so closing a Module does not invalidate those taken from it; the library is
+// unloaded, and its sealed copy closed, with the last of them.
 type Module struct {
 	entry *moduleEntry
 	ref   *moduleRef
