@@ -175,7 +175,6 @@ func (s *sealedLibrary) close() {
 // last reference a finaliser or a C holder dropped.
 func sweepLoaderFiles() {
 	loaderFiles.Lock()
-	defer loaderFiles.Unlock()
 	before := len(loaderFiles.released)
 	loaderFiles.released = slices.DeleteFunc(loaderFiles.released, func(s *sealedLibrary) bool {
 		cpath := C.CString(s.procPath())
@@ -186,10 +185,13 @@ func sweepLoaderFiles() {
 		s.file.Close()
 		return true
 	})
-	if len(loaderFiles.released) < before {
+	unloaded := len(loaderFiles.released) < before
+	loaderFiles.Unlock()
+	if unloaded {
 		// What the library's modules held (a model's weights, its VM's memory)
 		// was freed with them: the heap keeps such large blocks otherwise, and
 		// a server loading version after version would hold several versions'.
+		// Out of the lock: the trim walks the whole heap.
 		C.dsoop_trim_heap()
 	}
 }
