@@ -48,8 +48,9 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The memfds of libraries unloaded since the last sweep (their last
-	// reference went in a finaliser, or from a C holder) go now.
+	// The memfds of libraries unloaded since the last sweep go now: those whose
+	// last reference C released (a C holder's, through internal/native), or TVM
+	// itself, after dsoop's releases.
 	sweepLoaderFiles()
 	defer lockPath(abs)()
 	if m, err := openLoaded(abs, st, sha256); m != nil || err != nil {

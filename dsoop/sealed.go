@@ -171,8 +171,8 @@ func (s *sealedLibrary) close() {
 
 // sweepLoaderFiles closes the released memfds whose libraries the loader has
 // unloaded. It runs where a library may just have been unloaded (the release
-// of a Module, a Func, a VM pool) and at each Open, which catches those whose
-// last reference a finaliser or a C holder dropped.
+// of a Module, a Func, a VM pool, by Close or by a finaliser) and at each
+// Open, which catches those whose last reference was dropped in C.
 func sweepLoaderFiles() {
 	loaderFiles.Lock()
 	before := len(loaderFiles.released)
