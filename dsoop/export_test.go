@@ -64,11 +64,3 @@ func LoaderFile(m *Module) (path string, inode uint64) {
 	}
 	return m.entry.sealed.procPath(), st.Ino
 }
-
-// ReleasedLoaderFiles is how many released memfds wait for the loader to
-// unload their library.
-func ReleasedLoaderFiles() int {
-	loaderFiles.Lock()
-	defer loaderFiles.Unlock()
-	return len(loaderFiles.released)
-}

@@ -98,7 +98,6 @@ func TestReleasedLibraryLeaves(t *testing.T) {
 				require.NoError(t, m.Close())
 				assert.True(t, file.mapped(t), "still loaded for what holds it")
 				assert.True(t, file.open(), "its memfd stays while it is loaded")
-				assert.Equal(t, 1, dsoop.ReleasedLoaderFiles(), "waiting for the loader to unload it")
 				works()
 				release()
 			} else {
@@ -106,7 +105,6 @@ func TestReleasedLibraryLeaves(t *testing.T) {
 			}
 			assert.False(t, file.mapped(t), "unmapped with the last release")
 			assert.False(t, file.open(), "its memfd closed")
-			assert.Zero(t, dsoop.ReleasedLoaderFiles())
 		})
 	}
 }
