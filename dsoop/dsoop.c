@@ -6,6 +6,9 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -263,6 +266,24 @@ int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, 
   }
   dlclose(library);
   return unset;
+}
+
+// dl_iterate_phdr's callback: stops the walk at the object loaded from path.
+static int loaded_from(struct dl_phdr_info* info, size_t size, void* path) {
+  (void)size;
+  return info->dlpi_name != NULL && strcmp(info->dlpi_name, (const char*)path) == 0;
+}
+
+int dsoop_library_registered(const char* path) {
+  // Not dlopen(RTLD_NOLOAD): glibc would open the path to compare its file when
+  // no name matches, and on a match add a reference to drop again.
+  return dl_iterate_phdr(loaded_from, (void*)path) != 0;
+}
+
+void dsoop_trim_heap(void) {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,

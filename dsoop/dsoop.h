@@ -121,6 +121,18 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
 // none is NULL, or when no library is loaded from path.
 int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, int32_t num_names);
 
+// Whether the dynamic loader lists an object loaded from path (the name dlopen
+// was given, which a later dlopen of path would match): 1 yes, 0 no. The walk
+// holds the loader's lock, so an object another thread is closing is either
+// still listed or gone.
+int dsoop_library_registered(const char* path);
+
+// Hands the C heap's free memory back to the system (glibc's malloc_trim; a
+// no-op elsewhere). glibc raises its threshold for mmap'ed blocks to the size
+// of the largest one freed, so that a model's weights, freed once and loaded
+// again (the next version's), come from the heap and stay there when freed.
+void dsoop_trim_heap(void);
+
 // Looks a function up in a module (and its imports). Returns 1 when found (out
 // holds a new reference), 0 when the module has no such function, -1 on error.
 int dsoop_module_get_function(TVMFFIObjectHandle module, const char* name, DsoopFunction* out,

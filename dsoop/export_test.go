@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"syscall"
 )
 
 // What the tests of package dsoop_test, which build the test libraries, look at
@@ -69,4 +70,14 @@ func VMFunctionTables(m *Module) (table, text []string, err error) {
 	}
 	slices.Sort(text)
 	return m.entry.sealed.vmFunctionTable(), text, nil
+}
+
+// LoaderFile is the memfd m's library was loaded from: the path the loader
+// knows it by, and the memfd's inode.
+func LoaderFile(m *Module) (path string, inode uint64) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(m.entry.sealed.file.Fd()), &st); err != nil {
+		panic(err) // open while m is: its entry's memfd is released only when its Modules are closed
+	}
+	return m.entry.sealed.procPath(), st.Ino
 }

@@ -38,6 +38,7 @@ func (r *funcRef) close() {
 	if !r.closed {
 		C.dsoop_object_release(r.fn.handle)
 		r.closed = true
+		sweepLoaderFiles() // its library's last reference may have gone with it
 	}
 }
 

@@ -22,8 +22,9 @@ import (
 // Module is an open TVM module. A library is loaded once per process per path:
 // every Open of the same file shares one loaded module, which is released when
 // the last Module opened on it is closed. Close a Module when done; a finaliser
-// closes it otherwise. Funcs keep their library loaded on their own, so closing a
-// Module does not invalidate the Funcs taken from it.
+// closes it otherwise. Funcs and VMFuncs keep their library loaded on their own,
+// so closing a Module does not invalidate those taken from it; the library is
+// unloaded, and its sealed copy closed, with the last of them.
 type Module struct {
 	entry *moduleEntry
 	ref   *moduleRef
@@ -174,7 +175,7 @@ func (e *moduleEntry) lookUp(name string) (fn C.DsoopFunction, found bool, err e
 	case 0:
 		return fn, false, nil
 	case 1:
-		cpath := C.CString(e.sealed.loadPath()) // what TVM's loader opened
+		cpath := C.CString(e.sealed.procPath()) // what TVM's loader opened
 		defer C.free(unsafe.Pointer(cpath))
 		C.dsoop_function_use_symbol(e.handle, cpath, cname, &fn)
 		return fn, true, nil
@@ -223,7 +224,10 @@ func (r *moduleRef) close() {
 	}
 	if e.legacy != nil {
 		C.dsoop_legacy_release(e.legacy) // its Funcs still open keep it loaded
-		return
+	} else {
+		C.dsoop_object_release(e.handle)
 	}
-	C.dsoop_object_release(e.handle)
+	// Unloaded now, unless Funcs, VMFuncs or C holders keep it: its memfd goes
+	// with the last of them (sealedLibrary.close).
+	e.sealed.close()
 }

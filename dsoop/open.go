@@ -48,6 +48,10 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The memfds of libraries unloaded since the last sweep go now: those whose
+	// last reference C released (a C holder's, through internal/native), or TVM
+	// itself, after dsoop's releases.
+	sweepLoaderFiles()
 	defer lockPath(abs)()
 	if m, err := openLoaded(abs, st, sha256); m != nil || err != nil {
 		return m, err
@@ -56,8 +60,8 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, err)
 	}
-	// The memfd stays open for the life of the process: the loaded library is
-	// mapped from it, and backtraces read the library through its path.
+	// The memfd stays open while the library is loaded: backtraces read the
+	// library through its path, and the loader knows it by that path.
 	if err := checkDigest(abs, sealed.digest, sha256); err != nil {
 		sealed.close()
 		return nil, err
@@ -98,6 +102,7 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 	isVM := C.dsoop_module_is_vm(handle, &cerr)
 	if isVM < 0 {
 		C.dsoop_object_release(handle)
+		sealed.close()
 		return nil, fmt.Errorf("dsoop: library %s: %w", abs, takeError(&cerr))
 	}
 	return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, handle: handle, isVM: isVM == 1, opens: 1}), nil

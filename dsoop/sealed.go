@@ -1,5 +1,11 @@
 package dsoop
 
+/*
+#include <stdlib.h>
+#include "dsoop.h"
+*/
+import "C"
+
 import (
 	"crypto/sha256"
 	"debug/elf"
@@ -23,7 +29,7 @@ import (
 // maps, and nothing done to the file on disk afterwards (an overwrite, a
 // truncation, a deletion) changes or breaks what runs.
 type sealedLibrary struct {
-	file    *os.File // the memfd; kept open as long as the library may be mapped
+	file    *os.File // the memfd; open while the loader lists a library loaded from it (loaderFiles)
 	size    int64
 	digest  string          // hex SHA-256 of the bytes
 	notCode map[string]bool // names whose __tvm_ffi_<name> symbol is not a function
@@ -115,35 +121,78 @@ func sealUnchecked(name string, src io.Reader) (*sealedLibrary, error) {
 	return s, nil
 }
 
-// loaderFiles are the memfds whose paths the loader was given, held open for
-// the life of the process. The loader (glibc's dlopen) hands back a library
-// already loaded from the path it is asked for, and a library may stay mapped
-// after TVM releases it: were its memfd closed (or collected with a Module
-// entry a rebuilt file replaced), its fd number, and so its path, would go to
-// the next library, and that one's loads would run the old one's code.
+// loaderFiles are the memfds whose paths the loader was given. The loader
+// (glibc's dlopen) hands back a library already loaded from the path it is
+// asked for, and libraries load from /proc/self/fd/N: a memfd closed while its
+// library is still loaded would give its fd number, and so its path, to the
+// next library, whose loads would run the old one's code. So a memfd its owner
+// releases is closed only once the loader lists no library loaded from its
+// path: at once when TVM's release of the module unloaded it, else at a later
+// sweep (sweepLoaderFiles), once the Funcs, VMFuncs or C holders that kept it
+// are gone. One the loader never unloads (glibc keeps a library that defines a
+// GNU unique symbol, as C++ code may, until the process ends) keeps its memfd.
 var loaderFiles struct {
 	sync.Mutex
-	held map[*sealedLibrary]bool
+	given    map[*sealedLibrary]bool // owned by an entry or an Open in progress
+	released []*sealedLibrary        // their owner is done; closed once unloaded
 }
 
-// loadPath is the path the loader opens: the memfd, by its /proc entry. The
-// memfd is held for the life of the process from then on (loaderFiles).
+// loadPath is the path the loader opens: the memfd, by its /proc entry. From
+// then on close leaves the memfd open until the loader has let go of the path.
 func (s *sealedLibrary) loadPath() string {
 	loaderFiles.Lock()
 	defer loaderFiles.Unlock()
-	if loaderFiles.held == nil {
-		loaderFiles.held = map[*sealedLibrary]bool{}
+	if loaderFiles.given == nil {
+		loaderFiles.given = map[*sealedLibrary]bool{}
 	}
-	loaderFiles.held[s] = true
-	return fmt.Sprintf("/proc/self/fd/%d", s.file.Fd())
+	loaderFiles.given[s] = true
+	return s.procPath()
 }
 
-// close releases the memfd, unless the loader was given its path.
+// procPath is the memfd's /proc entry, the name the loader knows the library by.
+func (s *sealedLibrary) procPath() string { return fmt.Sprintf("/proc/self/fd/%d", s.file.Fd()) }
+
+// close releases the memfd: at once when the loader was never given its path,
+// else once the loader has unloaded the library (loaderFiles).
 func (s *sealedLibrary) close() {
 	loaderFiles.Lock()
-	defer loaderFiles.Unlock()
-	if !loaderFiles.held[s] {
+	given := loaderFiles.given[s]
+	if given {
+		delete(loaderFiles.given, s)
+		loaderFiles.released = append(loaderFiles.released, s)
+	}
+	loaderFiles.Unlock()
+	if !given {
 		s.file.Close()
+		return
+	}
+	sweepLoaderFiles()
+}
+
+// sweepLoaderFiles closes the released memfds whose libraries the loader has
+// unloaded. It runs where a library may just have been unloaded (the release
+// of a Module, a Func, a VM pool, by Close or by a finaliser) and at each
+// Open, which catches those whose last reference was dropped in C.
+func sweepLoaderFiles() {
+	loaderFiles.Lock()
+	before := len(loaderFiles.released)
+	loaderFiles.released = slices.DeleteFunc(loaderFiles.released, func(s *sealedLibrary) bool {
+		cpath := C.CString(s.procPath())
+		defer C.free(unsafe.Pointer(cpath))
+		if C.dsoop_library_registered(cpath) != 0 {
+			return false
+		}
+		s.file.Close()
+		return true
+	})
+	unloaded := len(loaderFiles.released) < before
+	loaderFiles.Unlock()
+	if unloaded {
+		// What the library's modules held (a model's weights, its VM's memory)
+		// was freed with them: the heap keeps such large blocks otherwise, and
+		// a server loading version after version would hold several versions'.
+		// Out of the lock: the trim walks the whole heap.
+		C.dsoop_trim_heap()
 	}
 }
 

@@ -32,10 +32,14 @@ var poolsMu sync.Mutex // guards moduleEntry.pools and vmPool.refs
 
 func (p *vmPool) release() {
 	poolsMu.Lock()
-	defer poolsMu.Unlock()
 	p.refs--
-	if p.refs == 0 {
+	last := p.refs == 0
+	if last {
 		C.dsoop_vm_pool_destroy(p.ptr)
+	}
+	poolsMu.Unlock()
+	if last {
+		sweepLoaderFiles() // its instances may have held the library's last reference
 	}
 }
 
