@@ -18,12 +18,13 @@ from tf_op import _library, auto, gradients  # noqa: F401 - registers TVMDSOOp's
 from tf_op._library import BuildMismatchError, library_path
 from tf_op._version import __version__
 from tf_op.compiler import CompiledFunction, CompileError, compile  # noqa: A004 - tf_op.compile is the API
+from tf_op.defops import DefOp, Ops, load_ops
 from tf_op.keras_layer import ModelLayer
 from tf_op.module import Func, Module, OpModule
 
 __all__ = [
-    "BuildMismatchError", "CompileError", "CompiledFunction", "Func", "ModelLayer", "Module", "OpModule", "__version__",
-    "auto", "compile", "library_path", "ops",
+    "BuildMismatchError", "CompileError", "CompiledFunction", "DefOp", "Func", "ModelLayer", "Module", "OpModule", "Ops",
+    "__version__", "auto", "compile", "library_path", "load_ops", "ops",
 ]
 
 _library.load()
