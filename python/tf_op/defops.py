@@ -96,7 +96,7 @@ class DefOp:
                     None, None, f"tf_op: op {self.name}: input {i} is {t.dtype.name}, the variant takes {spec['dtype']}"
                 )
         if self.auto_broadcast:
-            inputs = _broadcast(inputs, ndim)
+            inputs = self._broadcast(inputs, ndim)
         for i, (t, spec) in enumerate(zip(inputs, variant["inputs"])):
             if not self.auto_broadcast and t.shape.rank != len(spec["shape"]):
                 raise tf.errors.InvalidArgumentError(
@@ -136,6 +136,30 @@ class DefOp:
         what = f"{dtype} variant of {ndim} dimensions" if ranks else f"{dtype} variant"
         raise tf.errors.InvalidArgumentError(None, None, f"tf_op: op {self.name} has no {what}; {have}")
 
+    def _broadcast(self, inputs: list[tf.Tensor], ndim: int) -> list[tf.Tensor]:
+        """The inputs broadcast to their common shape by NumPy's rules (the graph
+        fails where they do not broadcast): an input of that shape already is
+        passed as it is, another is broadcast first, a copy, since TVM's kernel
+        reads every input at the output's index."""
+        inputs = [_with_rank(t, ndim) for t in inputs]
+        static = inputs[0].shape
+        try:
+            for t in inputs[1:]:
+                static = tf.broadcast_static_shape(static, t.shape)
+        except ValueError:
+            shapes = ", ".join(str(t.shape) for t in inputs)
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"tf_op: op {self.name}: inputs of shapes {shapes} do not broadcast"
+            ) from None
+        if static.is_fully_defined():
+            shape: Any = static.as_list()
+        else:
+            shape = tf.shape(inputs[0], out_type=tf.int64)
+            for t in inputs[1:]:
+                shape = tf.broadcast_dynamic_shape(shape, tf.shape(t, out_type=tf.int64))
+        return [t if t.shape.is_fully_defined() and t.shape == static else
+                tf.ensure_shape(tf.broadcast_to(t, shape), static) for t in inputs]
+
     def _checked(self, inputs: list[tf.Tensor], variant: dict[str, Any], shapes: list[Any]) -> list[tf.Tensor]:
         """The inputs, after the checks that an input read element by element has
         its output's shape (TVM's kernel would read past a smaller one)."""
@@ -168,22 +192,14 @@ class DefOp:
         return f"op {self.name} of {self._ops.module.lib_path}"
 
 
-def _broadcast(inputs: list[tf.Tensor], ndim: int) -> list[tf.Tensor]:
-    """The inputs broadcast to their common shape (NumPy's rules), each of ndim
-    dimensions: copies only of those whose shape differs from it."""
-    shape = tf.shape(inputs[0])
-    for t in inputs[1:]:
-        shape = tf.broadcast_dynamic_shape(shape, tf.shape(t))
-    static = inputs[0].shape
-    for t in inputs[1:]:
-        static = tf.broadcast_static_shape(static, t.shape)
-    out = []
-    for t in inputs:
-        if t.shape.is_fully_defined() and static.is_fully_defined() and t.shape == static:
-            out.append(t)
-        else:
-            out.append(tf.ensure_shape(tf.broadcast_to(t, shape), static))
-    return out
+def _with_rank(t: tf.Tensor, ndim: int) -> tf.Tensor:
+    """t with leading 1s up to ndim dimensions (a reshape: no copy)."""
+    if t.shape.rank == ndim:
+        return t
+    lead = [1] * (ndim - t.shape.rank)
+    if t.shape.is_fully_defined():
+        return tf.reshape(t, lead + t.shape.as_list())
+    return tf.ensure_shape(tf.reshape(t, tf.concat([lead, tf.shape(t)], 0)), lead + t.shape.as_list())
 
 
 def _shape(expr_list: list[Any], inputs: list[tf.Tensor]) -> list[int] | tf.Tensor:
@@ -192,8 +208,6 @@ def _shape(expr_list: list[Any], inputs: list[tf.Tensor]) -> list[int] | tf.Tens
     dims = [_eval(e, inputs) for e in expr_list]
     if all(isinstance(d, int) for d in dims):
         return dims
-    if not dims:
-        return []
     return tf.stack([tf.cast(d, tf.int64) for d in dims])
 
 

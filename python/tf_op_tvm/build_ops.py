@@ -47,10 +47,14 @@ def manifest_path(library: Path) -> Path:
     return library.with_suffix(".json")
 
 
-def build_ops(source: Path, output: Path, target: Any = "llvm") -> dict[str, Any]:
+def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str, Any]:
     """Builds the defops of ``source`` into the library ``output`` and writes its
-    manifest (``manifest_path``); returns the manifest."""
+    manifest (``manifest_path``); returns the manifest. ``target``: TVM's, or
+    ``"portable"`` (the default, as tf_op.compile's): one build per x86-64 level
+    in the library, dsoop loading the highest this CPU has."""
     import tvm
+
+    from tf_op_tvm import compile_model, math_lowering
 
     defop_module.clear()
     runpy.run_path(str(source), run_name="__defops__")
@@ -61,21 +65,27 @@ def build_ops(source: Path, output: Path, target: Any = "llvm") -> dict[str, Any
     for op in ops:
         if op.grad is not None and op.grad not in names:
             raise DefopError(f"defop {op.name}: its grad {op.grad!r} is not a defop of {source}")
-    target = tvm.target.Target(target) if isinstance(target, str) else target
-    functions: dict[str, Any] = {}
     manifest_ops: dict[str, Any] = {}
-    for op in ops:
-        variants = []
-        for dtype in op.dtypes:
-            for ndim in op.ndims:
-                where = f"defop {op.name} ({dtype}, {ndim} dimensions)"
-                function_name = f"{op.name}_{dtype}_{ndim}d"
-                prim_func, variant = _variant(op, dtype, ndim, function_name, target, where)
-                functions[function_name] = prim_func
-                variants.append(variant)
-        manifest_ops[op.name] = {"auto_broadcast": op.auto_broadcast, "grad": op.grad, "variants": variants}
+
+    def build_level(level: Any) -> tuple[Any, Any]:
+        tvm_target = tvm.target.Target(level)
+        if tvm_target.kind.name == "llvm":
+            math_lowering.register()  # exp (sigmoid's), log and erf that LLVM vectorizes
+        functions: dict[str, Any] = {}
+        for op in ops:
+            variants = []
+            for dtype in op.dtypes:
+                for ndim in op.ndims:
+                    where = f"defop {op.name} ({dtype}, {ndim} dimensions)"
+                    function_name = f"{op.name}_{dtype}_{ndim}d"
+                    functions[function_name], variant = _variant(op, dtype, ndim, function_name, tvm_target, where)
+                    variants.append(variant)
+            manifest_ops[op.name] = {"auto_broadcast": op.auto_broadcast, "grad": op.grad, "variants": variants}
+        return tvm.compile(tvm.IRModule(functions), target=tvm_target), tvm_target
+
     output.parent.mkdir(parents=True, exist_ok=True)
-    tvm.compile(tvm.IRModule(functions), target=target).export_library(str(output))
+    compile_model.ensure_linker(output.parent)
+    compile_model.export_levels(build_level, output, target)
     manifest = {
         "format": MANIFEST_FORMAT,
         "library": output.name,
@@ -202,26 +212,25 @@ def _elementwise_inputs(output: Any, inputs: list[Any]) -> list[int]:
 
 def _default_schedule(sch: Any, target: Any) -> Any:
     """The default CPU schedule: an elementwise variant's blocks computed inside
-    its last, one loop over every element, in parallel chunks of vectors; a
-    variant with a reduction, its outer loop in parallel. None (TVM's plain loop
-    nests) where that does not apply."""
+    its last, its outer loops in parallel, the last (contiguous) one left to
+    LLVM's vectorizer, which takes a size known only at run time with a scalar
+    tail (TVM's own vectorize needs a split, which a symbolic size turns into a
+    predicate or, fused, into a division per element). A variant with a
+    reduction: its first output axis in parallel. None (TVM's plain loop nests)
+    where that does not apply."""
     from tvm import tirx
-
-    from tf_op_tvm.cpu_schedule.lanes import vector_lanes
 
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     try:
-        reduces = [any(int(v.iter_type) != tirx.IterVar.DataPar for v in sch.get(b).iter_vars) for b in blocks]
-        if not any(reduces):
+        if all(int(v.iter_type) == tirx.IterVar.DataPar for b in blocks for v in sch.get(b).iter_vars):
             for block in blocks[:-1]:
                 sch.compute_inline(block)
             loops = sch.get_loops(blocks[-1])
             if not loops:
                 return None
-            fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-            outer, inner = sch.split(fused, [None, 4 * vector_lanes(target)])
+            # One loop: each thread's share of it is a contiguous run, vectorized.
+            outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
             sch.parallel(outer)
-            sch.vectorize(inner)
             return sch
         last, loops = sch.get(blocks[-1]), sch.get_loops(blocks[-1])
         if loops and last.iter_vars and int(last.iter_vars[0].iter_type) == tirx.IterVar.DataPar:
@@ -238,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("source", type=Path, help="the Python file declaring the defops")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the library to write (its manifest goes beside it)")
-    parser.add_argument("--target", default="llvm", help="TVM's target (default: llvm, any x86-64 CPU)")
+    parser.add_argument("--target", default="portable",
+                        help="TVM's target (default: portable, a build per x86-64 level, the highest this CPU has loaded)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,36 +209,55 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
     if target == PORTABLE and trials > 0:
         raise ValueError("tuning measures this machine's CPU: tune for one target, not the portable levels")
-    levels = [{"kind": "llvm", "mcpu": level} for level in X86_LEVELS] if target == PORTABLE else [target]
     figures: dict[str, Any] = {"import_s": imported - start, "tune_s": 0.0, "trials": trials, "compile_s": 0.0,
                                "export_s": 0.0}
+
+    def build_level(level: dict[str, object] | str) -> tuple[Any, Any]:
+        executable, tvm_target, level_figures = build(mod, level, trials, tuning_dir)
+        for name in ("tune_s", "compile_s"):
+            figures[name] += level_figures.pop(name)
+        figures.update(level_figures)
+        return executable, tvm_target
+
+    figures["cpu_flags"], higher, figures["export_s"] = export_levels(build_level, out_path, target)
+    if higher:
+        figures["levels"] = higher
+        progress(f"built for {', '.join(X86_LEVELS)}: dsoop loads the highest this CPU has")
+    print(json.dumps(figures))
+
+
+def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
+                  target: dict[str, object] | str) -> tuple[list[str], list[str], float]:
+    """Builds (``build_level(level)``: something with ``export_library``, and the
+    TVM target it was built for) and exports the library at ``out_path`` for
+    ``target``: for ``PORTABLE``, once per level of ``X86_LEVELS``, the first
+    carrying the others (``levels_source``), each recording the CPU features it
+    uses. Returns the first level's CPU flags, the higher levels' names, and
+    the seconds spent exporting."""
+    levels = [{"kind": "llvm", "mcpu": level} for level in X86_LEVELS] if target == PORTABLE else [target]
+    flags_of_first: list[str] = []
+    export_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         higher: dict[str, Path] = {}  # each level above the first: its library, embedded in the first's
         for level in reversed(levels):  # the first last: it embeds the others
-            executable, tvm_target, level_figures = build(mod, level, trials, tuning_dir)
-            for name in ("tune_s", "compile_s"):
-                figures[name] += level_figures.pop(name)
-            figures.update(level_figures)
+            built, tvm_target = build_level(level)
             exporting = time.perf_counter()
             flags = cpu_flags(tvm_target)
             record = Path(tmp, "tvmdsoop_cpu_flags.c")
             record.write_text(_CPU_FLAGS_SOURCE.format(flags=" ".join(flags)))
             addons = [str(record)]
             if level is levels[0]:
-                figures["cpu_flags"] = flags
+                flags_of_first = flags
                 if higher:
                     embedded = Path(tmp, "tvmdsoop_levels.S")
                     embedded.write_text(levels_source(higher))
                     addons.append(str(embedded))
-                executable.export_library(str(out_path), addons=addons)
+                built.export_library(str(out_path), addons=addons)
             else:
                 library = higher[target_name(level)] = Path(tmp, f"{target_name(level)}.so")
-                executable.export_library(str(library), addons=addons)
-            figures["export_s"] += time.perf_counter() - exporting
-    if higher:
-        figures["levels"] = [*higher][::-1]
-        progress(f"built for {', '.join(X86_LEVELS)}: dsoop loads the highest this CPU has")
-    print(json.dumps(figures))
+                built.export_library(str(library), addons=addons)
+            export_s += time.perf_counter() - exporting
+        return flags_of_first, [*higher][::-1], export_s
 
 
 def build(mod: Any, target: dict[str, object] | str, trials: int,
