@@ -15,6 +15,8 @@ LIBRARY: Final = BUILD_DIR / "add_one.so"  # examples/build_add_one.py
 #: The Keras CNN (tests/modules/keras_cnn.py, build_models.py): cnn.keras, cnn_savedmodel, cnn_b{B}.so.
 MODELS_DIR: Final = BUILD_DIR / "models"
 VM_DIRECT: Final = BUILD_DIR / "libvm_direct.so"  # bench/vm_direct.c, built by make build
+DEFOPS: Final = BUILD_DIR / "defops.so"  # tests/modules/defops.py, by python -m tf_op_tvm.build_ops
+DEFOP_SIZE: Final = 2048  # the fused defop's operands: DEFOP_SIZE x DEFOP_SIZE float32
 RESULTS: Final = BUILD_DIR / "results.json"
 #: The report: hand-written prose; the part between RESULTS_MARKERS is generated.
 DOC, PLOT, PEERS_PLOT = (ROOT / "docs" / name for name in ("benchmarks.md", "benchmarks.png", "benchmarks_peers.png"))
@@ -66,6 +68,7 @@ GOALS: Final[dict[str, tuple[str, float]]] = {
     "bridge_tuned_ratio_vs_tf_mobilenetv2_b1": (">=", 1.3),
     "served_ratio_vs_direct_matmul_n8": (">=", 0.9),
     "served_ratio_vs_direct_model_b32_n8": (">=", 0.9),
+    "defop_fused_ratio": (">=", 1.2),
     "gpu_call_overhead_us": ("<=", 3.0),
     "gpu_bw_ratio_vs_d2d": (">=", 0.85),
 }

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from common import (BRIDGE_CACHE, CHAIN, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
+from common import (BRIDGE_CACHE, CHAIN, DEFOP_SIZE, DEFOPS, LARGE_KEY_SIZE, LARGE_SIZES, LIBRARY, MEMORY_SIZE, LARGE_RATIOS, MODEL_BATCHES,
                     MODEL_CHAIN, MODELS_DIR, PER_OP_CHAIN, PER_OP_PERCENTILE, PER_OP_SINGLE_CALLS, PY_FUNCTION_SIZE,
                     ROOT, TVM_BESIDE_TF, VM_DIRECT, Results)
 
@@ -340,8 +340,32 @@ def peers(rounds: int, tune: int = 0, models: str = "") -> Results:
     return run_peers(rounds, tune, [m for m in models.split(",") if m])
 
 
+def defop(rounds: int) -> Results:
+    """A defop (tests/modules/defops.py's bias_swish, one pass over the data)
+    against the same expression in TF's own ops (add, sigmoid, mul: three
+    passes) and XLA's fusion of them, each in a tf.function, interleaved."""
+    ops = tf_op.load_ops(DEFOPS)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((DEFOP_SIZE, DEFOP_SIZE)).astype(np.float32))
+    out: Results = {"defop_rounds": rounds}
+    for label, b in (("", x[::-1]), ("bias_", tf.constant(rng.standard_normal(DEFOP_SIZE).astype(np.float32)))):
+        contenders: Contenders = {
+            "defop": functools.partial(tf.function(ops.bias_swish), x, b),
+            "tf": functools.partial(tf.function(lambda x, b: (x + b) * tf.sigmoid(x + b)), x, b),
+            "xla": functools.partial(tf.function(lambda x, b: (x + b) * tf.sigmoid(x + b), jit_compile=True), x, b),
+        }
+        want = contenders["tf"]().numpy()
+        for name, fn in contenders.items():
+            check(f"defop {label}{name}", fn(), want, tol=1e-5)
+        t = interleave(contenders, rounds=rounds, min_time=0.05, warmup=2)
+        put(out, f"defop_fused_{label}ratio", t.ratios("tf", "defop"))
+        put(out, f"defop_fused_{label}ratio_vs_xla", t.ratios("xla", "defop"))
+        out.update({f"defop_fused_{label}{name}_ms": t.median(name) * 1e3 for name in contenders})
+    return out
+
+
 COMPARISONS: dict[str, Callable[..., Results]] = {"overhead": overhead, "py_function": py_function, "large": large,
-                                                  "model": model, "bridge": bridge, "peers": peers}
+                                                  "model": model, "defop": defop, "bridge": bridge, "peers": peers}
 
 
 def memory(mode: str) -> None:

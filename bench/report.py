@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import (BRIDGE_MODELS, CHAIN, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES, MODEL_BATCHES,  # noqa: E402
+from common import (BRIDGE_MODELS, CHAIN, DEFOP_SIZE, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES, MODEL_BATCHES,  # noqa: E402
                     MODEL_CHAIN, PEERS_ENGINES, PEERS_MODELS, PEERS_PLOT, PEERS_TOLERANCE, PER_OP_CHAIN,
                     PER_OP_PERCENTILE, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS,
                     TVM_BESIDE_TF, Results, goal_met)
@@ -38,6 +38,10 @@ KEYS: Rows = [
     ("served_ratio_vs_direct_model_b32_n8", "the same for the Keras CNN compiled by TVM (Relax VM), batch 32"),
     ("served_ratio_vs_tf_matmul_n8", "the matmul's requests/s: TVMDSOOp session / TF `MatMul` session, 8 callers"),
     ("rss_slope_bytes_per_call", "RSS growth per `Session.Run` of a TVMDSOOp add-one, slope over 100k runs, bytes"),
+    ("defop_fused_ratio", f"defop `(x + b) * sigmoid(x + b)`, {DEFOP_SIZE}² float32: TF's unfused ops in a tf.function / "
+     "the defop's"),
+    ("defop_fused_ratio_vs_xla", "the same: XLA's fusion (jit_compile) / the defop's"),
+    ("defop_fused_bias_ratio", f"the same with b a bias of {DEFOP_SIZE} (broadcast: copied first): TF's / the defop's"),
 ]
 #: Reported with the headline keys when present: the tuned bridge (make bench TUNE=N) and the recorded GPU figures.
 OPTIONAL_KEYS: Rows = [

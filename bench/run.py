@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (BENCH_DIR, BUILD_DIR, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
+from common import (BENCH_DIR, BUILD_DIR, DEFOPS, DOC, GPU_RESULTS, LIBRARY, MEMORY_SIZE, MODEL_BATCHES, MODELS_DIR,
                     PEERS_QUICK, PLOT, RESULTS, ROOT, VM_DIRECT, Results)
 from report import KEYS, summary, write_report
 
 
 #: bench/compare.py's comparisons, each in its own process, with its time limit in seconds (the bridge compiles
 #: MobileNetV2 twice, 10-60 s each, and times it; the peers compile 11 models x batches four ways, 224x224 ones too).
-COMPARISONS = {"overhead": 300, "py_function": 300, "large": 300, "model": 300, "bridge": 1200, "peers": 2400}
+COMPARISONS = {"overhead": 300, "py_function": 300, "large": 300, "model": 300, "defop": 300, "bridge": 1200,
+               "peers": 2400}
 TUNED_CELLS = {"bridge": 8, "peers": 11}  # models x batches that --tune tunes: minutes each, ~2 s a trial
 #: "overhead" runs in 4 processes, each key their median: a per-op slope differs more between processes (where code
 #: and heap land) than between rounds. Per-op ratio brackets: lowest, highest; NaN stays NaN.
@@ -46,7 +47,7 @@ GO_BENCHMARKS = (("./dsoop", "BenchmarkCallOverhead", 9, {"go-ns/call": "go_dsoo
 def run(command: list[str], what: str, timeout: float, env: dict[str, str] | None = None) -> str:
     """Runs a child (a Python script, or a command) and returns its stdout; stops on failure."""
     started = time.perf_counter()
-    command = [sys.executable, *command] if command[0].endswith(".py") else command
+    command = [sys.executable, *command] if command[0].endswith(".py") or command[0] == "-m" else command
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
@@ -66,6 +67,8 @@ def build_libraries() -> None:
         partial = LIBRARY.with_name("add_one.partial.so")
         run(["examples/build_add_one.py", str(partial)], "TVM add-one", timeout=300)
         partial.replace(LIBRARY)
+    if stale([DEFOPS], "tests/modules/defops.py", "python/tf_op_tvm/build_ops.py"):
+        run(["-m", "tf_op_tvm.build_ops", "tests/modules/defops.py", "-o", str(DEFOPS)], "defops", timeout=300)
     batches = [str(b) for b in MODEL_BATCHES]
     models = [*(MODELS_DIR / f"cnn_b{b}.so" for b in batches), MODELS_DIR / "cnn.keras", MODELS_DIR / "cnn_savedmodel"]
     if stale(models, "tests/modules/keras_cnn.py", "tests/modules/build_models.py"):

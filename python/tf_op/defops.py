@@ -80,6 +80,9 @@ class DefOp:
         """The (dtype, rank) pairs built."""
         return sorted(self._variants)
 
+    # Its Python decides on static facts only (dtypes, ranks, known sizes): no
+    # need for AutoGraph, which tf.function(ops.vadd) would otherwise apply.
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
         inputs = [tf.convert_to_tensor(a) for a in args]
         if not inputs:
@@ -152,7 +155,7 @@ class DefOp:
                 None, None, f"tf_op: op {self.name}: inputs of shapes {shapes} do not broadcast"
             ) from None
         if static.is_fully_defined():
-            shape: Any = static.as_list()
+            shape = static.as_list()
         else:
             shape = tf.shape(inputs[0], out_type=tf.int64)
             for t in inputs[1:]:

@@ -11,12 +11,15 @@ Its modules:
   compile_model  the worker ``tf_op.compile`` runs by path on the TVM Python:
                  a TFLite flatbuffer in, a Relax VM library out
   math_lowering  the worker's exp and log for CPU code, which LLVM vectorizes
+  defops         ``defop``: TF ops written with TVM's tensor expressions
+                 (docs/defop.md); build_ops builds a file of them
 
 Importing the package imports TVM (``add_gradient`` needs it); the worker's
 modules import it only where they use it, so ``compile_model.py --version``
 answers without it.
 """
 
+from tf_op_tvm.defops import defop
 from tf_op_tvm.gradient import add_gradient
 
-__all__ = ["add_gradient"]
+__all__ = ["add_gradient", "defop"]

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tf_op_tvm import defop as defop_module
+from tf_op_tvm import defops
 
 #: The manifest's format, checked by tf_op.load_ops.
 MANIFEST_FORMAT = "tvmdsoop-defop-1"
@@ -56,9 +56,9 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
 
     from tf_op_tvm import compile_model, math_lowering
 
-    defop_module.clear()
+    defops.clear()
     runpy.run_path(str(source), run_name="__defops__")
-    ops = defop_module.defined_ops()
+    ops = defops.defined_ops()
     if not ops:
         raise DefopError(f"{source} declares no @defop")
     names = {op.name for op in ops}

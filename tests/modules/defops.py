@@ -1,9 +1,9 @@
-"""Kernels written with defop (tf_op_tvm.defop) for tests/python/test_defop.py:
+"""Kernels written with defop (tf_op_tvm.defops) for tests/python/test_defop.py:
 built by ``python -m tf_op_tvm.build_ops defops.py -o defops.so``."""
 
 from tvm import te, tirx
 
-from tf_op_tvm.defop import defop
+from tf_op_tvm import defop
 
 
 @defop(name="vadd", dtypes=["float32", "float64", "int32"], ndims=[1, 2, 3], auto_broadcast=True)

@@ -194,3 +194,12 @@ def test_saved_model_carries_the_library(defops_library: Path, tmp_path: Path) -
     done = run_python(_LOAD_SAVED, str(tmp_path / "model"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[[11.0, 22.0]]"
+
+
+def test_in_a_keras_model(ops: tf_op.Ops) -> None:
+    import keras
+
+    model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Lambda(ops.swish)])
+    x = _random((3, 7), "float32", 14)
+    dense = model.layers[0](x)
+    np.testing.assert_allclose(model.predict(x, verbose=0), tf.nn.silu(dense).numpy(), rtol=1e-5, atol=1e-6)
