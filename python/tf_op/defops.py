@@ -40,16 +40,19 @@ def load_ops(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | No
         raise ValueError(f"tf_op.load_ops: the manifest {manifest_file} is not JSON: {e}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("ops"), dict):
         raise ValueError(f"tf_op.load_ops: {manifest_file} is not a defop manifest of format {MANIFEST_FORMAT}")
-    return Ops(Module(library, sha256=str(data.get("library_sha256") or "")), data["ops"])
+    device = "/GPU:0" if data.get("device") == "cuda" else None
+    return Ops(Module(library, sha256=str(data.get("library_sha256") or "")), data["ops"], device)
 
 
 class Ops(tf.Module):
     """The ops of one defop library, as attributes (``ops.vadd``). Trackable: a
     SavedModel that keeps it carries the library as an asset."""
 
-    def __init__(self, module: Module, manifest_ops: dict[str, Any]) -> None:
+    def __init__(self, module: Module, manifest_ops: dict[str, Any], device: str | None = None) -> None:
         super().__init__()
         self.module = module
+        #: Where the ops run: a CUDA library's on the first GPU, else where TF places them.
+        self.device = device
         self._ops = {}
         for name, spec in manifest_ops.items():
             if not str(name).isidentifier() or hasattr(self, name):
@@ -186,7 +189,7 @@ class DefOp:
     def _run(self, variant: dict[str, Any], inputs: list[tf.Tensor], shapes: list[Any]) -> Any:
         func = Func(
             self._ops.module, variant["function"], None, None, 64,
-            output_shapes=shapes, output_dtypes=[o["dtype"] for o in variant["outputs"]],
+            output_shapes=shapes, output_dtypes=[o["dtype"] for o in variant["outputs"]], device=self._ops.device,
         )
         outputs = func(*inputs)
         return outputs[0] if len(outputs) == 1 else outputs

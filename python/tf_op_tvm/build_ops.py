@@ -86,8 +86,10 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
     output.parent.mkdir(parents=True, exist_ok=True)
     compile_model.ensure_linker(output.parent)
     compile_model.export_levels(build_level, output, target)
+    on_gpu = target != compile_model.PORTABLE and tvm.target.Target(target).kind.name == "cuda"
     manifest = {
         "format": MANIFEST_FORMAT,
+        "device": "cuda" if on_gpu else "cpu",
         "library": output.name,
         "library_sha256": hashlib.sha256(output.read_bytes()).hexdigest(),
         "ops": manifest_ops,
@@ -126,7 +128,12 @@ def _variant(op: Any, dtype: str, ndim: int, function_name: str, target: Any, wh
     }
     func = te.create_prim_func([*inputs, *outputs]).with_attr("global_symbol", function_name)
     sch = s_tir.Schedule(func)
-    scheduled = op.schedule(sch, dtype, ndim) if op.schedule is not None else _default_schedule(sch, target)
+    if op.schedule is not None:
+        scheduled = op.schedule(sch, dtype, ndim)
+    elif target.kind.name == "cuda":
+        scheduled = _cuda_schedule(sch)
+    else:
+        scheduled = _default_schedule(sch, target)
     if scheduled is not None:
         func = scheduled.mod["main"].with_attr("global_symbol", function_name)
     return func, entry
@@ -238,6 +245,34 @@ def _default_schedule(sch: Any, target: Any) -> Any:
         return sch
     except Exception:  # a loop nest the default does not fit: TVM's plain one is correct
         return None
+
+
+#: Threads per CUDA block in the default GPU schedule.
+CUDA_THREADS = 256
+
+
+def _cuda_schedule(sch: Any) -> Any:
+    """The default CUDA schedule: the last block's output axes fused into one
+    loop over every output element, split into blocks of ``CUDA_THREADS``
+    threads (``blockIdx.x``, ``threadIdx.x``), a thread per element; a
+    reduction runs within its element's thread. An elementwise variant's other
+    blocks are inlined into it first. TVM refuses a kernel with a loop left
+    unbound, so a variant this does not fit needs a ``schedule=`` hook."""
+    from tvm import tirx
+
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    last = blocks[-1]
+    spatial = [loop for loop, v in zip(sch.get_loops(last), sch.get(last).iter_vars)
+               if int(v.iter_type) == tirx.IterVar.DataPar]
+    if not spatial:
+        raise DefopError("a full reduction (no output axis) has no default CUDA schedule: give schedule=")
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    blocks_x, threads_x = sch.split(fused, [None, CUDA_THREADS])
+    sch.bind(blocks_x, "blockIdx.x")
+    sch.bind(threads_x, "threadIdx.x")
+    return sch
 
 
 def main(argv: list[str] | None = None) -> int:

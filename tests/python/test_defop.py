@@ -203,3 +203,56 @@ def test_in_a_keras_model(ops: tf_op.Ops) -> None:
     x = _random((3, 7), "float32", 14)
     dense = model.layers[0](x)
     np.testing.assert_allclose(model.predict(x, verbose=0), tf.nn.silu(dense).numpy(), rtol=1e-5, atol=1e-6)
+
+
+_CUDA_OPS = textwrap.dedent("""
+    from tvm import te
+    from tf_op_tvm import defop
+
+    @defop(name="scale", dtypes=["float32"], ndims=[1, 2])
+    def scale(dtype, ndim):
+        X = te.placeholder([te.var() for _ in range(ndim)], name="X", dtype=dtype)
+        return [X, te.compute(X.shape, lambda *i: X[i] * te.sigmoid(X[i]), name="Y")]
+
+    @defop(name="row_sum", dtypes=["float32"], ndims=[2])
+    def row_sum(dtype, ndim):
+        A = te.placeholder([te.var(), te.var()], name="A", dtype=dtype)
+        k = te.reduce_axis((0, A.shape[1]), name="k")
+        return [A, te.compute((A.shape[0],), lambda i: te.sum(A[i, k], axis=k), name="S")]
+""")
+
+
+def _build(source: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [TVM_PYTHON, "-m", "tf_op_tvm.build_ops", str(source), "-o", str(out), *args], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_PYTHON), "TVM_COMPILE_FORCE_FALLBACK": "1"},
+    )
+
+
+def test_cuda_build_binds_threads(tmp_path: Path) -> None:
+    """A cuda target gets the default GPU schedule (TVM refuses a kernel with a
+    loop left unbound), and the manifest places the ops on the GPU. No GPU
+    here: make test-gpu runs them."""
+    (tmp_path / "ops.py").write_text(_CUDA_OPS)
+    done = _build(tmp_path / "ops.py", tmp_path / "ops.so", "--target", "cuda")
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "ops.json").read_text())
+    assert manifest["device"] == "cuda"
+    assert [v["function"] for v in manifest["ops"]["scale"]["variants"]] == ["scale_float32_1d", "scale_float32_2d"]
+    assert tf_op.load_ops(tmp_path / "ops.so").device == "/GPU:0"
+
+
+def test_build_errors_name_the_op(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text(textwrap.dedent("""
+        from tvm import te
+        from tf_op_tvm import defop
+
+        @defop(name="square", dtypes=["float32"], ndims=[1])
+        def square(dtype, ndim):
+            X = te.placeholder([te.var() * 2], name="X", dtype=dtype)
+            return [X, te.compute(X.shape, lambda i: X[i] * X[i], name="Y")]
+    """))
+    done = _build(tmp_path / "bad.py", tmp_path / "bad.so")
+    assert done.returncode == 1
+    assert "defop square (float32, 1 dimensions): input 0 (X) has size" in done.stderr
+    assert "an input's sizes must be te.var() or integers" in done.stderr
