@@ -10,22 +10,10 @@ import (
 )
 
 // libraryBin writes serialized modules as TVM does (see readEmbeddedModules):
-// parts are u64s, u32s, and strings as strs.
+// their length, then parts as encode writes them (u64s, u32s, strings as strs).
 func libraryBin(parts ...any) []byte {
-	var body bytes.Buffer
-	for _, p := range parts {
-		switch v := p.(type) {
-		case uint64, uint32:
-			binary.Write(&body, binary.LittleEndian, v)
-		case string:
-			binary.Write(&body, binary.LittleEndian, uint64(len(v)))
-			body.WriteString(v)
-		}
-	}
-	var bin bytes.Buffer
-	binary.Write(&bin, binary.LittleEndian, uint64(body.Len()))
-	bin.Write(body.Bytes())
-	return bin.Bytes()
+	body := encode(parts...)
+	return encode(uint64(len(body)), body)
 }
 
 // cudaBytes is a CUDA module's bytes: its format, then what TVM writes after it.
