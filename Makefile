@@ -136,6 +136,8 @@ ASAN_BUILD := build-asan
 # The runtimes of the compiler cgo linked them from.
 ASAN_PRELOAD = $(foreach lib,libasan.so libubsan.so,$(shell $$(go env CC) -print-file-name=$(lib)))
 UBSAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:exitcode=66
+# go test links without symbols or DWARF (-s -w): a report would give bare addresses.
+ASAN_GO_LDFLAGS := -ldflags='-s=false -w=false'
 # The tests that run the op's kernels, tf_op.auto's pass and cluster kernel, and
 # dsoop's C, on every kind of library and argument, hostile libraries included.
 ASAN_PYTHON_TESTS := test_semantics.py test_module_errors.py test_tf_op.py test_legacy.py test_models.py \
@@ -147,7 +149,7 @@ $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(STAMP)
 
 test-asan: $(ASAN_BUILD)/build.ninja
 	cmake --build $(ASAN_BUILD) --target tvm_dso_op tvmdsoop-probe
-	. $(ASAN_BUILD)/env.sh && $(UBSAN_ENV) ASAN_OPTIONS=exitcode=66 go test -count=1 ./dsoop ./kernels
+	. $(ASAN_BUILD)/env.sh && $(UBSAN_ENV) ASAN_OPTIONS=exitcode=66 go test -count=1 $(ASAN_GO_LDFLAGS) ./dsoop ./kernels
 	$(UBSAN_ENV) ASAN_OPTIONS=exitcode=66:detect_leaks=0 LD_PRELOAD="$(ASAN_PRELOAD)" \
 		TVMDSOOP_LIBRARY=$(abspath $(ASAN_BUILD))/libtvm_dso_op.so TVMDSOOP_PROBE=$(abspath $(ASAN_BUILD))/tvmdsoop-probe \
 		$(PYTHON) -m pytest -q $(addprefix tests/python/,$(ASAN_PYTHON_TESTS))
