@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   DsoopError err = {NULL, NULL};
   if (argv[1][0] == '\0' || dsoop_runtime_init(argv[1], argc == 3 ? argv[2] : "", &err) != 0) {
     fprintf(stderr, "tvmdsoop-probe: %s\n", err.message != NULL ? err.message : "no TVM-FFI runtime named");
+    dsoop_error_clear(&err);
     return 2;
   }
   if (dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL) == NULL) {
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   if (dsoop_module_load(kLibrary, &module, &err) != 0) {
     fprintf(stderr, "tvmdsoop-probe: %s: %s\n", err.kind != NULL ? err.kind : "Error",
             err.message != NULL ? err.message : "");
+    dsoop_error_clear(&err);
     return 1;
   }
   return 0;
