@@ -12,6 +12,7 @@
 # make test-tf VERSION=2.20   one of them
 # make wheel        the binary wheel in dist/: the op library for each of TensorFlow 2.18-2.21
 # make test-wheel   the wheel installed in a clean venv per TensorFlow, no toolchain on PATH
+# make test-asan    the core tests with our C, C++ and cgo code under ASan and UBSan (build-asan/)
 # Each target installs what it needs first: the .venv, Go modules, the build.
 
 VENV    := .venv
@@ -125,6 +126,36 @@ bench: build $(BENCH_STAMP)
 
 bench-publish: setup
 	$(PYTHON) bench/run.py --publish
+
+# ASan and UBSan over our C, C++ and cgo code (CMake's TVMDSOOP_SANITIZE, in
+# build-asan/): the Go tests of dsoop and kernels under go test -asan, then the
+# op's core Python tests with the sanitized op library and probe. TensorFlow and
+# TVM are not sanitized, so Python gets the sanitizer runtimes by LD_PRELOAD
+# (ASan's must be the first library loaded), as do the processes it starts.
+# Leaks are checked in Go only: Python and TF never free their globals. A
+# sanitizer's report exits 66, not 1: the probe's exit status 1 means a library
+# its loader refused, which would pass the library (and hide the report).
+ASAN_BUILD := build-asan
+# The runtimes of the compiler cgo linked them from.
+ASAN_PRELOAD = $(foreach lib,libasan.so libubsan.so,$(shell $$(go env CC) -print-file-name=$(lib)))
+UBSAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:exitcode=66
+# go test links without symbols or DWARF (-s -w): a report would give bare addresses.
+ASAN_GO_LDFLAGS := -ldflags='-s=false -w=false'
+# The tests that run the op's kernels, tf_op.auto's pass and cluster kernel, and
+# dsoop's C, on every kind of library and argument, hostile libraries included.
+ASAN_PYTHON_TESTS := test_semantics.py test_module_errors.py test_tf_op.py test_legacy.py test_models.py \
+	test_training.py test_auto.py
+.PHONY: test-asan
+$(ASAN_BUILD)/build.ninja: CMakeLists.txt $(STAMP)
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PYTHON)) -DTVMDSOOP_SANITIZE=ON \
+		-DTVMDSOOP_TESTS=OFF
+
+test-asan: $(ASAN_BUILD)/build.ninja
+	cmake --build $(ASAN_BUILD) --target tvm_dso_op tvmdsoop-probe
+	. $(ASAN_BUILD)/env.sh && $(UBSAN_ENV) ASAN_OPTIONS=exitcode=66 go test -count=1 $(ASAN_GO_LDFLAGS) ./dsoop ./kernels
+	$(UBSAN_ENV) ASAN_OPTIONS=exitcode=66:detect_leaks=0 LD_PRELOAD="$(ASAN_PRELOAD)" \
+		TVMDSOOP_LIBRARY=$(abspath $(ASAN_BUILD))/libtvm_dso_op.so TVMDSOOP_PROBE=$(abspath $(ASAN_BUILD))/tvmdsoop-probe \
+		$(PYTHON) -m pytest -q $(addprefix tests/python/,$(ASAN_PYTHON_TESTS))
 
 clean:
 	rm -rf $(BUILD) build-tf* build-wheel-tf* dist

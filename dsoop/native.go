@@ -49,6 +49,12 @@ func retainVMFunc(fn any) (pool unsafe.Pointer, index int32, err error) {
 	return unsafe.Pointer(f.ref.pool.ptr), int32(f.ref.index), nil
 }
 
+// keptEntries are the libraries keepLoaded holds, for the life of the process.
+// An entry is referenced here and not only from the modules map, which drops it
+// when a rebuilt file at its path replaces it: unreferenced, its TVM module would
+// be lost to the process (LeakSanitizer reports it) rather than kept.
+var keptEntries []*moduleEntry // guarded by modulesMu
+
 // keepLoaded holds one more open of the module's library, once per library,
 // never closed.
 func keepLoaded(module any) error {
@@ -66,6 +72,7 @@ func keepLoaded(module any) error {
 	if !m.entry.kept {
 		m.entry.kept = true
 		m.entry.opens++
+		keptEntries = append(keptEntries, m.entry)
 	}
 	return nil
 }
