@@ -125,7 +125,7 @@ func (s *sealedLibrary) legacyFunctions() []string {
 // symbols say (TVM's names for its own symbols left out).
 func (m *Module) Functions() ([]string, error) {
 	switch {
-	case m.entry.isVM:
+	case m.entry.isVM, m.entry.graph != nil:
 		return m.VMFunctions()
 	case m.entry.legacy != nil:
 		return m.entry.sealed.legacyFunctions(), nil
