@@ -8,9 +8,14 @@ package dsoop
 import "C"
 
 import (
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
@@ -334,6 +339,54 @@ func (m *Module) Graph(graphJSON, params []byte) (*Module, error) {
 	// graph over the library, which it keeps loaded.
 	C.dsoop_legacy_retain(e.legacy)
 	return newModule(&moduleEntry{path: e.path, stat: e.stat, sealed: e.sealed, legacy: e.legacy, graph: gm, opens: 1}), nil
+}
+
+// GraphFiles is Graph with the graph JSON and the params read from their
+// files, as Open reads a library: each must lie in the allowed folders
+// (AllowedDirsEnv) and, when a digest is given, have that SHA-256 (hex), checked
+// on the bytes read.
+func (m *Module) GraphFiles(graphPath, graphSHA256, paramsPath, paramsSHA256 string) (*Module, error) {
+	graph, err := readPinnedFile(graphPath, graphSHA256, maxGraphJSONBytes)
+	if err != nil {
+		return nil, err
+	}
+	params, err := readPinnedFile(paramsPath, paramsSHA256, maxTensorBytes)
+	if err != nil {
+		return nil, err
+	}
+	return m.Graph(graph, params)
+}
+
+// readPinnedFile reads a file of a model (at most limit bytes) from the
+// allowed folders, and checks its digest when want is not "".
+func readPinnedFile(path, want string, limit int64) ([]byte, error) {
+	if strings.ContainsRune(path, 0) {
+		return nil, fmt.Errorf("dsoop: path %q holds a NUL byte", path)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: %q: %w", path, err)
+	}
+	if err := checkAllowed(abs, getenv(AllowedDirsEnv)); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(abs)
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("dsoop: %s: %w", abs, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("dsoop: %s: more than %d bytes", abs, limit)
+	}
+	sum := sha256.Sum256(data)
+	if digest := hex.EncodeToString(sum[:]); want != "" && !strings.EqualFold(digest, want) {
+		return nil, fmt.Errorf("%w: %s has SHA-256 %s, the model expects %s", ErrDigestMismatch, abs, digest, want)
+	}
+	return data, nil
 }
 
 // legacyGraphName is the function of a three-file model, as relay.build names

@@ -352,6 +352,20 @@ func TestLegacyGraphRefusesCorruptFiles(t *testing.T) {
 	}
 }
 
+// GraphFiles reads the two files pinned to their digests, before anything runs.
+func TestLegacyGraphFilesArePinned(t *testing.T) {
+	lib := openGraphModel(t, "convnet_lib.so", nil, nil)
+	graph, params := filepath.Join(legacyFixtures, "convnet.json"), filepath.Join(legacyFixtures, "convnet.params")
+	digests := legacyDigests(t)
+	model, err := lib.GraphFiles(graph, digests["convnet.json"], params, digests["convnet.params"])
+	require.NoError(t, err)
+	defer model.Close()
+	assert.True(t, model.IsModel())
+	_, err = lib.GraphFiles(graph, digests["convnet.json"], params, digests["convnet.json"])
+	require.ErrorIs(t, err, dsoop.ErrDigestMismatch)
+	assert.Contains(t, err.Error(), "convnet.params")
+}
+
 // A library with an imported module (import_module) runs its functions.
 func TestLegacyImportModuleLibrary(t *testing.T) {
 	m := openLegacy(t, "imported.so")
