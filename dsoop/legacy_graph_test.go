@@ -312,6 +312,9 @@ func TestLegacyGraphRefusesBadInputs(t *testing.T) {
 	}
 	_, err = f.Call()
 	require.ErrorIs(t, err, dsoop.ErrArity)
+	// CPU only: a relay.build model on another device is unimplemented, not tried.
+	_, err = m.VMFunc("default", dlpack.Device{Type: dlpack.CUDA})
+	require.ErrorIs(t, err, dsoop.ErrLegacyUnsupported)
 }
 
 // Corrupted graphs and params are refused with an error before anything runs.
