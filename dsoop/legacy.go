@@ -14,7 +14,8 @@ import (
 )
 
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
-// code, such as CUDA kernels), serialized for the old runtime to rebuild.
+// code, such as CUDA kernels; relay.build's graph executor factory; the import
+// tree), serialized for the old runtime to rebuild (readLegacyBlob reads them).
 const legacyDevBlobSymbol = "__tvm_dev_mblob"
 
 // legacyMarkers are symbols that only libraries of TVM <= 0.20 define: the name
