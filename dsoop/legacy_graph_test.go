@@ -353,6 +353,15 @@ func TestLegacyGraphFilesArePinned(t *testing.T) {
 	assert.Contains(t, err.Error(), "convnet.params")
 }
 
+func TestInspectRelayBuildModel(t *testing.T) {
+	in, err := dsoop.Inspect(filepath.Join(legacyFixtures, "convnet.so"))
+	require.NoError(t, err)
+	assert.Equal(t, dsoop.KindModel, in.Kind)
+	assert.Equal(t, "0.8-0.20", in.TVM)
+	assert.Equal(t, []string{"default"}, in.Functions)
+	assert.Equal(t, []dsoop.InspectedModule{{Kind: "GraphExecutorFactory"}}, in.Embedded)
+}
+
 // A library with an imported module (import_module) runs its functions.
 func TestLegacyImportModuleLibrary(t *testing.T) {
 	m := openLegacy(t, "imported.so")

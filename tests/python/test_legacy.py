@@ -340,8 +340,8 @@ def test_graph_model_wrong_input_is_invalid_argument(data: np.ndarray, match: st
     ("graph", "params", "match"),
     [
         (lambda g: g[: len(g) // 2], lambda p: p, "graph JSON"),
-        (lambda g: g.replace(b'"device_index": [\n      "list_int", \n      [\n        1', b'"device_index": [\n      "list_int", \n      [\n        2'),
-         lambda p: p, "CPU only"),
+        (lambda g: g.replace(b'"list_int", \n      [\n        1, ', b'"list_int", \n      [\n        2, ', 1), lambda p: p,
+         "CPU only"),
         (lambda g: g, lambda p: p[:-5], "params"),
     ],
     ids=["truncated JSON", "CUDA graph", "truncated params"],
