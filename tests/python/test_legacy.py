@@ -361,3 +361,9 @@ def test_import_module_library_runs_its_functions() -> None:
     np.testing.assert_allclose(module.func("add_one")(tf.constant(V)).numpy(), V + 1, rtol=1e-6)
     np.testing.assert_allclose(module.func("row_sum", output_shape=[37])(tf.constant(A)).numpy(), A.sum(axis=1),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_one_file_graph_model_as_a_keras_layer() -> None:
+    layer = tf_op.ModelLayer(FIXTURES / "convnet.so", "default", output_shapes=[[1, 10], [1, 8]])
+    logits, _ = layer(tf.constant(CONVNET_DATA))
+    np.testing.assert_allclose(logits.numpy().ravel(), reference("convnet")[0], rtol=1e-4, atol=1e-5)
