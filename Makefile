@@ -6,7 +6,7 @@
 # make bench-publish  the last make bench's results into docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
 # make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
-# make fuzz         longer fuzzing: the checks before loading, the VM executable verifier
+# make fuzz         longer fuzzing: the checks before loading, the VM executable verifier, legacy graphs and params
 #                   (and corrupted models run), the Go argument frames
 # make test-matrix  the core tests on TensorFlow 2.18-2.21, each in its own venv and build
 # make test-tf VERSION=2.20   one of them
@@ -113,6 +113,9 @@ run-fuzz:
 	go test -run '^$$' -fuzz FuzzFramePack -fuzztime $(FUZZTIME) ./dsoop
 	go test -run '^$$' -fuzz FuzzParseEmbeddedModules -fuzztime $(FUZZTIME) ./dsoop
 	go test -run '^$$' -fuzz FuzzReadVMExecutable -fuzztime $(FUZZTIME) ./dsoop
+	go test -run '^$$' -fuzz FuzzReadGraphJSON -fuzztime $(FUZZTIME) ./dsoop
+	go test -run '^$$' -fuzz FuzzReadParamBlob -fuzztime $(FUZZTIME) ./dsoop
+	go test -run '^$$' -fuzz FuzzReadLegacyBlob -fuzztime $(FUZZTIME) ./dsoop
 	go test -run '^$$' -fuzz FuzzCorruptedModelRuns -fuzztime $(FUZZTIME) ./dsoop
 
 # The peers' engines (ONNX Runtime, tf2onnx, LiteRT) are for make bench alone.

@@ -47,6 +47,8 @@ KEYS: Rows = [
 OPTIONAL_KEYS: Rows = [
     *((f"bridge_tuned_ratio_vs_tf_{m}_b{b}", f"`tf_op.compile(..., tune=N)` of {m}: TF's time / the tuned op's, "
        f"batch {b}") for m in BRIDGE_MODELS for b in MODEL_BATCHES),
+    ("legacy_graph_ratio_vs_tvm018", "relay.build MobileNet (TVM 0.18, batch 1): TVMDSOOp's graph executor / TVM "
+     "0.18's own on the same library, per call (needs TVM 0.18: tests/legacy/build_fixtures.sh)"),
     ("gpu_call_overhead_us", "GPU: host µs a call of our launch path − a raw launch of the same kernel"),
     ("gpu_bw_ratio_vs_d2d", "GPU: add-one's bandwidth through our path / a device-to-device copy's, 256 MiB"),
 ]

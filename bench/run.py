@@ -161,6 +161,9 @@ def main(argv: list[str]) -> None:
         if name == "overhead":
             results.update({"overhead_processes": len(each), **{f"{k}_{q}": float(f([o[k] for o in each]))
                             for k in PER_OP_RATIOS for q, f in (("q1", np.min), ("q3", np.max))}})
+    # relay.build's MobileNet / TVM 0.18's graph executor: {} where TVM 0.18 was not fetched (build_fixtures.sh).
+    results.update(json.loads(run([str(BENCH_DIR / "legacy_graph.py"), str(rounds)], "relay.build MobileNet",
+                                  timeout=600).splitlines()[-1]))
     results.update(run_memory(2 if args.quick else 3))
     results.update(run_go_benchmarks())
     if GPU_RESULTS.is_file():  # recorded by make test-gpu on a GPU machine

@@ -16,15 +16,19 @@
 // TVM's loader then maps that same copy. The runtime libraries it needs
 // (libtvm_ffi.so, and TVM's runtime for libraries made by tvm.compile) are
 // found through [LibraryPathEnv] at the first Open ([Init]). Libraries built by
-// TVM 0.8-0.20 are loaded by dsoop itself ([Module.Legacy]).
+// TVM 0.8-0.20 are loaded by dsoop itself ([Module.Legacy]), and their
+// relay.build models run on dsoop's own graph executor: a library with its
+// factory module embedded (export_library of relay.build's result), or a
+// library with its graph JSON and params ([Module.Graph]).
 //
 // # Calling
 //
 // [Module.Func] looks up a function once; [Func.Call] calls it, from any
 // goroutine, on tensors and scalars, by TVM's destination-passing convention. A
-// library that holds a whole model, a Relax VM executable ([Module.IsVM]), is
-// called through [Module.VMFunc]: [VMFunc.Call] runs on a VM instance from the
-// model's pool for the device ([VMInstancesEnv]) and returns its [Outputs].
+// library that holds a whole model ([Module.IsModel]: a Relax VM executable, or
+// a relay.build graph) is called through [Module.VMFunc]: [VMFunc.Call] runs on
+// an instance from the model's pool for the device ([VMInstancesEnv]) and
+// returns its [Outputs].
 //
 // # Errors
 //
@@ -46,12 +50,17 @@ package dsoop
 //     read and verified; probe.go: its load in a separate process.
 //   - loader.go: the load through TVM's loader, and the check of what it left unset.
 //   - legacy.go: libraries of TVM 0.8-0.21 (legacy.c loads those it runs).
+//   - legacy_graphjson.go, legacy_params.go: the graphs, params and embedded
+//     modules (__tvm_dev_mblob) of relay.build's models, read and verified;
+//     legacy_graph.go: their plan, handed to legacy_graph.c, the executor.
 //   - cuda.go: libraries holding CUDA code: TVM's CUDA runtime, opened when one
 //     first needs it; why their load failed; their models refused on the CPU.
 //   - module.go: Module, its lifetime and the lookup of its functions.
 //   - func.go, frame.go: Func, and a call's arguments in C memory.
-//   - vmpool.go: a model's pools of VM instances, one per device (vm.c).
+//   - vmpool.go: a model's pools of VM instances, one per device (vm.c), or
+//     of graph executor instances (a relay.build model's, on the CPU).
 //   - vmfunctions.go: the list of a model's functions.
 //   - vm.go: VMFunc and the call of a model's function.
 //   - native.go: what the TensorFlow kernels reach through internal/native.
-//   - dsoop.c, goapi.c, vm.c, legacy.c: the C side, with no Go on its call path.
+//   - dsoop.c, goapi.c, vm.c, legacy.c, legacy_graph.c: the C side, with no Go
+//     on its call path.

@@ -209,6 +209,16 @@ void* dsoop_runtime_symbol(int from_runtime, const char* name) {
   return handle == NULL ? NULL : dlsym(handle, name);
 }
 
+int dsoop_global_function(const char* name, DsoopFunction* out, DsoopError* err) {
+  TVMFFIByteArray bytes = {name, strlen(name)};
+  out->handle = NULL;
+  if (api.function_get_global(&bytes, &out->handle) != 0) return take_raised_error(err);
+  if (out->handle == NULL) return 0;
+  out->safe_call = safe_call_of(out->handle);
+  out->self = out->handle;
+  return 1;
+}
+
 int dsoop_global_exists(const char* name, DsoopError* err) {
   TVMFFIByteArray bytes = {name, strlen(name)};
   TVMFFIObjectHandle fn = NULL;

@@ -97,6 +97,10 @@ typedef struct {
   void* self;
 } DsoopFunction;
 
+// The global function of that name: 1 with a new reference in *out, 0 when
+// the runtime has none, -1 on error.
+int dsoop_global_function(const char* name, DsoopFunction* out, DsoopError* err);
+
 // Every call of a TVM function goes through here: one indirect call of the
 // resolved pointer, with the result set to None first as the ABI asks, and left
 // in *result for the caller. 0, or -1 with err filled. Inline, so that the TF

@@ -12,7 +12,7 @@ import (
 // The kinds of library, as Inspection.Kind names them.
 const (
 	KindFunctions = "functions" // functions exported to TVM-FFI (__tvm_ffi_<name>): tvm.compile of TIR, tvm-ffi C++
-	KindModel     = "model"     // a whole model: a Relax VM executable, whose functions return their outputs
+	KindModel     = "model"     // a whole model: a Relax VM executable or relay.build graph, whose functions return their outputs
 	KindLegacy    = "legacy"    // a library of TVM 0.8-0.21, exporting functions under their own names
 )
 
@@ -106,6 +106,12 @@ func Inspect(path string) (*Inspection, error) {
 		if s.legacy.tvm021 {
 			in.TVM = "0.21"
 		}
+		// relay.build's one-file model: its factory's one function. A blob that
+		// does not read is the load's to report.
+		if blob, err := readLegacyBlobOf(s); err == nil && blob != nil && blob.factory {
+			in.Kind, in.Functions = KindModel, []string{blob.name}
+			in.Embedded = append(in.Embedded, InspectedModule{Kind: graphFactoryKind})
+		}
 	case isVM:
 		in.Kind, in.Functions, in.Parameters = KindModel, slices.Sorted(slices.Values(exec.vmFunctions)), exec.vmParams
 	}
@@ -125,7 +131,7 @@ func (s *sealedLibrary) legacyFunctions() []string {
 // symbols say (TVM's names for its own symbols left out).
 func (m *Module) Functions() ([]string, error) {
 	switch {
-	case m.entry.isVM:
+	case m.entry.isVM, m.entry.graph != nil:
 		return m.VMFunctions()
 	case m.entry.legacy != nil:
 		return m.entry.sealed.legacyFunctions(), nil

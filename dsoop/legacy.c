@@ -10,36 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-// The legacy calling convention, as TVM 0.8-0.20's c_runtime_api.h and
-// c_backend_api.h define it.
-typedef union {
-  int64_t v_int64;
-  double v_float64;
-  void* v_handle;
-  const char* v_str;
-  DLDataType v_type;
-  DLDevice v_device;
-} LegacyValue;
-
-// Type codes (TVMArgTypeCode). Tensors come as kLegacyDLTensorHandle: the
-// functions TVM generates accept it, as they accept 3, 4 and 13, for a buffer.
-enum {
-  kLegacyInt = 0,
-  kLegacyUInt = 1,
-  kLegacyFloat = 2,
-  kLegacyOpaqueHandle = 3,
-  kLegacyNull = 4,
-  kLegacyDataType = 5,
-  kLegacyDevice = 6,
-  kLegacyDLTensorHandle = 7,
-  kLegacyStr = 11,
-  kLegacyBytes = 12,
-  kLegacyBool = 15,  // TVM 0.18 on (make_packed_api.cc); earlier versions pass booleans as kLegacyInt
-};
-
-typedef int (*LegacyPackedCFunc)(LegacyValue* args, int* type_codes, int num_args,
-                                 LegacyValue* ret, int* ret_type_code, void* resource_handle);
-
 struct DsoopLegacyLibrary {
   atomic_int refs;
   void* handle;  // from dlopen
@@ -185,7 +155,9 @@ static int fill_context(DsoopLegacyLibrary* lib, struct link_map* own, const cha
   return 0;
 }
 
-static void retain(DsoopLegacyLibrary* lib) { atomic_fetch_add(&lib->refs, 1); }
+void dsoop_legacy_retain(DsoopLegacyLibrary* lib) { atomic_fetch_add(&lib->refs, 1); }
+
+void* dsoop_legacy_symbol(DsoopLegacyLibrary* lib, const char* name) { return dlsym(lib->handle, name); }
 
 void dsoop_legacy_release(DsoopLegacyLibrary* lib) {
   if (lib == NULL || atomic_fetch_sub(&lib->refs, 1) != 1) return;
@@ -371,7 +343,7 @@ int dsoop_legacy_get_function(DsoopLegacyLibrary* lib, const char* name, DsoopFu
   }
   *(void**)(&f->fn) = symbol;
   f->lib = lib;
-  retain(lib);
+  dsoop_legacy_retain(lib);
   TVMFFIObjectHandle handle = NULL;
   if (ffi.function_create(f, legacy_call, legacy_function_delete, &handle) != 0) {
     legacy_function_delete(f);

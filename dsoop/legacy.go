@@ -14,7 +14,8 @@ import (
 )
 
 // legacyDevBlobSymbol holds the modules a library of TVM <= 0.20 embeds (device
-// code, such as CUDA kernels), serialized for the old runtime to rebuild.
+// code, such as CUDA kernels; relay.build's graph executor factory; the import
+// tree), serialized for the old runtime to rebuild (readLegacyBlob reads them).
 const legacyDevBlobSymbol = "__tvm_dev_mblob"
 
 // legacyMarkers are symbols that only libraries of TVM <= 0.20 define: the name
@@ -77,18 +78,15 @@ func readLegacyABI(symbols []elf.Symbol) *legacyABI {
 }
 
 // openLegacy loads the sealed copy of a library of TVM 0.8-0.20 (path is the
-// user's name of it) with its context pointers filled.
+// user's name of it) with its context pointers filled. What it embeds
+// (__tvm_dev_mblob) was read by readLegacyBlobOf: nothing of it but a graph
+// executor factory, which openLegacyModel runs, and the import tree.
 func openLegacy(s *sealedLibrary, path string) (*C.DsoopLegacyLibrary, error) {
 	abi := s.legacy
 	if abi.tvm021 {
 		return nil, fmt.Errorf("%w: it was built by TVM 0.21, whose functions take TVM-FFI's calling convention under "+
 			"their own names, which neither today's TVM-FFI loader nor dsoop's loader of older libraries calls: "+
 			"rebuild it with TVM >= 0.22", ErrLegacyUnsupported)
-	}
-	if abi.devBlob {
-		return nil, fmt.Errorf("%w: it embeds modules (%s) that only the runtime of TVM <= 0.20 rebuilds, such as "+
-			"CUDA code or a graph executor; dsoop runs the CPU functions of such libraries: rebuild it with TVM >= 0.22",
-			ErrLegacyUnsupported, legacyDevBlobSymbol)
 	}
 	cpath, cname := C.CString(s.loadPath()), C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))

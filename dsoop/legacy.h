@@ -22,6 +22,36 @@
 extern "C" {
 #endif
 
+// The legacy calling convention, as TVM 0.8-0.20's c_runtime_api.h and
+// c_backend_api.h define it.
+typedef union {
+  int64_t v_int64;
+  double v_float64;
+  void* v_handle;
+  const char* v_str;
+  DLDataType v_type;
+  DLDevice v_device;
+} LegacyValue;
+
+// Type codes (TVMArgTypeCode). Tensors come as kLegacyDLTensorHandle: the
+// functions TVM generates accept it, as they accept 3, 4 and 13, for a buffer.
+enum {
+  kLegacyInt = 0,
+  kLegacyUInt = 1,
+  kLegacyFloat = 2,
+  kLegacyOpaqueHandle = 3,
+  kLegacyNull = 4,
+  kLegacyDataType = 5,
+  kLegacyDevice = 6,
+  kLegacyDLTensorHandle = 7,
+  kLegacyStr = 11,
+  kLegacyBytes = 12,
+  kLegacyBool = 15,  // TVM 0.18 on (make_packed_api.cc); earlier versions pass booleans as kLegacyInt
+};
+
+typedef int (*LegacyPackedCFunc)(LegacyValue* args, int* type_codes, int num_args,
+                                 LegacyValue* ret, int* ret_type_code, void* resource_handle);
+
 // A loaded legacy library, reference-counted: the Go module holds one reference,
 // every function taken from it another, and the library is closed with the last.
 typedef struct DsoopLegacyLibrary DsoopLegacyLibrary;
@@ -47,8 +77,13 @@ int dsoop_legacy_open(const char* path, const char* name, const char* const* con
 int dsoop_legacy_get_function(DsoopLegacyLibrary* lib, const char* name, DsoopFunction* out,
                               DsoopError* err);
 
-// Drops a reference to the library.
+// Adds a reference to the library; dsoop_legacy_release drops one.
+void dsoop_legacy_retain(DsoopLegacyLibrary* lib);
 void dsoop_legacy_release(DsoopLegacyLibrary* lib);
+
+// The library's symbol of that name (dlsym: the caller has checked, from the
+// ELF symbol table, that the library exports a function of that name), or NULL.
+void* dsoop_legacy_symbol(DsoopLegacyLibrary* lib, const char* name);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -296,9 +296,10 @@ int f(void) { return 0; }`,
 		{
 			name: "embedded modules (CUDA code) for the old runtime",
 			source: `void* __TVMAPISetLastError = 0;
-const char __tvm_dev_mblob[16] = {0};
+const unsigned char __tvm_dev_mblob[28] = {20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                           4, 0, 0, 0, 0, 0, 0, 0, 'c', 'u', 'd', 'a'};
 int f(void) { return 0; }`,
-			message: "__tvm_dev_mblob",
+			message: `a module of kind "cuda"`,
 		},
 		{
 			name: "TVM 0.21, a hybrid of the two ABIs",

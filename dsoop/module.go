@@ -46,6 +46,7 @@ type moduleEntry struct {
 	handle C.TVMFFIObjectHandle      // the module TVM's loader made; nil for a legacy library
 	legacy *C.DsoopLegacyLibrary     // a library of TVM 0.8-0.20, loaded by legacy.c; else nil
 	isVM   bool                      // holds a Relax VM executable (a whole model)
+	graph  *graphModel               // a relay.build model over legacy's functions; else nil
 	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
 	opens  int                       // guarded by modulesMu
 	kept   bool                      // one of opens is native.KeepLoaded's; guarded by modulesMu
@@ -215,6 +216,9 @@ func (r *moduleRef) close() {
 	for _, p := range pools {
 		p.release() // VMFuncs still open keep theirs
 	}
+	poolsMu.Lock()
+	e.graph.close() // unless a pool took it over
+	poolsMu.Unlock()
 	e.funcsMu.Lock()
 	funcs := e.funcs
 	e.funcs = nil

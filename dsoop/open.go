@@ -86,12 +86,12 @@ func OpenPinned(path, sha256 string) (*Module, error) {
 		}
 	}
 	if sealed.legacy != nil {
-		lib, err := openLegacy(sealed, abs)
+		lib, graph, err := openLegacyModel(sealed, abs)
 		if err != nil {
 			sealed.close()
 			return nil, fmt.Errorf("dsoop: cannot load library %s: %w", abs, err)
 		}
-		return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, legacy: lib, opens: 1}), nil
+		return addEntry(&moduleEntry{path: abs, stat: st, sealed: sealed, legacy: lib, graph: graph, opens: 1}), nil
 	}
 	handle, err := loadModule(sealed)
 	if err != nil {

@@ -1,6 +1,8 @@
 // vm.c: pools of Relax VM instances (see vm.h).
 #include "vm.h"
 
+#include "legacy_graph.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +12,14 @@ enum { kPooledAllocator = 2 };
 
 // One VM instance and the functions resolved on it so far, by pool index.
 typedef struct {
-  TVMFFIObjectHandle vm;
+  TVMFFIObjectHandle vm;        // or, in a graph's pool,
+  DsoopGraphInstance* graph;
   DsoopFunction* fns;  // fns[i].handle is NULL until function i is first called here
   int32_t num_fns;
 } Instance;
 
 struct DsoopVMPool {
+  DsoopGraph* graph;  // a relay.build model's executor, in place of a VM executable
   TVMFFIObjectHandle module;
   DsoopFunction load_executable;  // vm_load_executable: a new instance each call
   int32_t device_type, device_id, max_instances;
@@ -41,12 +45,23 @@ static void free_instance(Instance* inst) {
   for (int32_t i = 0; i < inst->num_fns; ++i) dsoop_object_release(inst->fns[i].handle);
   free(inst->fns);
   dsoop_object_release(inst->vm);
+  dsoop_graph_instance_destroy(inst->graph);
   free(inst);
 }
 
 // A new instance, initialised as runtime/vm.py does: each device the model uses
 // with its allocator, the CPU last (shape functions run there).
 static int make_instance(DsoopVMPool* p, Instance** out, DsoopError* err) {
+  if (p->graph != NULL) {
+    Instance* inst = (Instance*)calloc(1, sizeof(Instance));
+    if (inst == NULL) return dsoop_error_set(err, "MemoryError", "out of memory for a graph instance");
+    if (dsoop_graph_instance_create(p->graph, &inst->graph, err) != 0) {
+      free(inst);
+      return -1;
+    }
+    *out = inst;
+    return 0;
+  }
   TVMFFIAny result;
   if (dsoop_function_call_returning(&p->load_executable, NULL, 0, kDLCPU, 0, NULL, &result,
                                     err) != 0) {
@@ -132,12 +147,8 @@ int dsoop_module_is_vm(TVMFFIObjectHandle module, DsoopError* err) {
   return found;
 }
 
-int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t device_id,
-                         int32_t max_instances, DsoopVMPool** out, DsoopError* err) {
-  if (max_instances < 1) {
-    return dsoop_error_set(err, "ValueError", "a VM pool needs room for at least one instance, got %d",
-                           (int)max_instances);
-  }
+// A pool of room for max_instances, without instances; NULL for want of memory.
+static DsoopVMPool* new_pool(int32_t max_instances) {
   DsoopVMPool* p = (DsoopVMPool*)calloc(1, sizeof(DsoopVMPool));
   if (p != NULL) {
     p->idle = (Instance**)calloc((size_t)max_instances, sizeof(Instance*));
@@ -149,13 +160,49 @@ int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t
       free(p->all);
       free(p);
     }
-    return dsoop_error_set(err, "MemoryError", "out of memory for a VM pool");
+    return NULL;
   }
+  p->max_instances = max_instances;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->returned, NULL);
+  return p;
+}
+
+int dsoop_vm_pool_create_graph(DsoopGraph* graph, int32_t max_instances, DsoopVMPool** out,
+                               DsoopError* err) {
+  if (max_instances < 1) {
+    dsoop_graph_destroy(graph);
+    return dsoop_error_set(err, "ValueError", "a graph pool needs room for at least one instance, got %d",
+                           (int)max_instances);
+  }
+  DsoopVMPool* p = new_pool(max_instances);
+  if (p == NULL) {
+    dsoop_graph_destroy(graph);
+    return dsoop_error_set(err, "MemoryError", "out of memory for a graph pool");
+  }
+  p->graph = graph;
+  p->device_type = kDLCPU;
+  Instance* first = NULL;
+  if (acquire(p, &first, err) != 0) {
+    dsoop_vm_pool_destroy(p);
+    return -1;
+  }
+  give_back(p, first);
+  *out = p;
+  return 0;
+}
+
+int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t device_id,
+                         int32_t max_instances, DsoopVMPool** out, DsoopError* err) {
+  if (max_instances < 1) {
+    return dsoop_error_set(err, "ValueError", "a VM pool needs room for at least one instance, got %d",
+                           (int)max_instances);
+  }
+  DsoopVMPool* p = new_pool(max_instances);
+  if (p == NULL) return dsoop_error_set(err, "MemoryError", "out of memory for a VM pool");
   const int found = dsoop_module_get_function(module, "vm_load_executable", &p->load_executable, err);
   if (found != 1) {
-    free(p->idle);
-    free(p->all);
-    free(p);
+    dsoop_vm_pool_destroy(p);
     return found == 0 ? dsoop_error_set(err, "TypeError", "the library holds no Relax VM executable")
                       : -1;
   }
@@ -163,9 +210,6 @@ int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t
   dsoop_object_retain(module);
   p->device_type = device_type;
   p->device_id = device_id;
-  p->max_instances = max_instances;
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->returned, NULL);
   Instance* first = NULL;
   if (acquire(p, &first, err) != 0) {
     dsoop_vm_pool_destroy(p);
@@ -185,6 +229,7 @@ void dsoop_vm_pool_destroy(DsoopVMPool* p) {
   free(p->all);
   dsoop_object_release(p->load_executable.handle);
   dsoop_object_release(p->module);
+  dsoop_graph_destroy(p->graph);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->returned);
   free(p);
@@ -204,7 +249,13 @@ int32_t dsoop_vm_pool_size(DsoopVMPool* p) {
 // arity for, is not one. The lookup comes first: it answers "none" for unknown
 // names without raising (a raised TVM error builds a backtrace, which takes
 // seconds the first time in a process).
-static int vm_function_arity(Instance* inst, const char* name, int64_t* arity, DsoopError* err) {
+static int vm_function_arity(DsoopVMPool* p, Instance* inst, const char* name, int64_t* arity,
+                             DsoopError* err) {
+  if (p->graph != NULL) {  // a graph has one function, which takes the graph's inputs
+    if (strcmp(name, dsoop_graph_name(p->graph)) != 0) return 0;
+    *arity = dsoop_graph_num_inputs(p->graph);
+    return 1;
+  }
   DsoopError not_one = {NULL, NULL};
   DsoopFunction fn;
   int found = dsoop_module_get_function(inst->vm, name, &fn, &not_one);
@@ -236,7 +287,7 @@ int dsoop_vm_pool_function(DsoopVMPool* p, const char* name, int32_t* index, int
                            DsoopError* err) {
   Instance* inst = NULL;
   if (acquire(p, &inst, err) != 0) return -1;
-  const int found = vm_function_arity(inst, name, arity, err);
+  const int found = vm_function_arity(p, inst, name, arity, err);
   give_back(p, inst);
   if (found != 1) return found;
   pthread_mutex_lock(&p->mu);
@@ -296,6 +347,11 @@ int dsoop_vm_call(DsoopVMPool* p, int32_t index, const TVMFFIAny* args, int32_t 
                   void* stream, TVMFFIAny* result, DsoopError* err) {
   Instance* inst = NULL;
   if (acquire(p, &inst, err) != 0) return -1;
+  if (p->graph != NULL) {
+    const int rc = dsoop_graph_run(p->graph, inst->graph, args, num_args, result, err);
+    give_back(p, inst);
+    return rc;
+  }
   DsoopFunction* fn = NULL;
   int rc = instance_function(p, inst, index, &fn, err);
   if (rc == 0) {

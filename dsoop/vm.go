@@ -24,7 +24,7 @@ import (
 // through VMFunc, and return their outputs.
 func (m *Module) IsVM() bool { return m.entry.isVM }
 
-// VMFunc is a function of a whole model (see Module.IsVM) on one device. Calls
+// VMFunc is a function of a whole model (see Module.IsModel) on one device. Calls
 // from many goroutines run at once, each on a VM instance of its own from the
 // module's pool for the device. Close it when done; a finaliser releases it
 // otherwise.
@@ -58,8 +58,8 @@ func (m *Module) VMFunc(name string, device dlpack.Device) (*VMFunc, error) {
 	if name == "" || strings.ContainsRune(name, 0) {
 		return nil, fmt.Errorf("dsoop: library %s: bad function name %q", m.entry.path, name)
 	}
-	if !m.entry.isVM {
-		return nil, fmt.Errorf("dsoop: library %s holds no Relax VM executable: call its functions with Func", m.entry.path)
+	if !m.IsModel() {
+		return nil, fmt.Errorf("dsoop: library %s holds no whole model: call its functions with Func", m.entry.path)
 	}
 	if err := checkModelDevice(m.entry.sealed, device); err != nil {
 		return nil, fmt.Errorf("dsoop: library %s: %w", m.entry.path, err)

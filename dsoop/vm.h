@@ -29,6 +29,13 @@ int dsoop_module_is_vm(TVMFFIObjectHandle module, DsoopError* err);
 int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t device_id,
                          int32_t max_instances, DsoopVMPool** out, DsoopError* err);
 
+// A pool of instances of graph, a relay.build model's executor on the CPU
+// (legacy_graph.h), which it takes over (and frees on failure too). Its one
+// function is the graph's name, and takes the graph's inputs.
+typedef struct DsoopGraph DsoopGraph;
+int dsoop_vm_pool_create_graph(DsoopGraph* graph, int32_t max_instances, DsoopVMPool** out,
+                               DsoopError* err);
+
 // Frees the pool and its instances. No call may be in flight.
 void dsoop_vm_pool_destroy(DsoopVMPool* pool);
 

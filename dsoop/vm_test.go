@@ -194,7 +194,7 @@ func TestVMErrors(t *testing.T) {
 	defer plain.Close()
 	assert.False(t, plain.IsVM())
 	_, err = plain.VMFunc("add_one", cpu)
-	assert.ErrorContains(t, err, "holds no Relax VM executable: call its functions with Func")
+	assert.ErrorContains(t, err, "holds no whole model: call its functions with Func")
 }
 
 func TestVMPoolIsBounded(t *testing.T) {

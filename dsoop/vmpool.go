@@ -69,6 +69,17 @@ func (m *Module) pool(device dlpack.Device) (*vmPool, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.entry.graph != nil {
+		p, err := m.graphPool(device, instances)
+		if err != nil {
+			return nil, err
+		}
+		if m.entry.pools == nil {
+			m.entry.pools = map[dlpack.Device]*vmPool{}
+		}
+		m.entry.pools[device] = p
+		return p, nil
+	}
 	var ptr *C.DsoopVMPool
 	var cerr C.DsoopError
 	if C.dsoop_vm_pool_create(m.entry.handle, C.int32_t(device.Type), C.int32_t(device.ID),

@@ -13,6 +13,7 @@
 #ifndef TVMDSOOP_KERNELS_CALL_H_
 #define TVMDSOOP_KERNELS_CALL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -249,14 +250,18 @@ class CallKernel : public OpKernel {
   // library and resolves the function through Go (checking the library's SHA-256
   // when `sha256` is not empty; for a model, starting its VMs on the device);
   // later calls find it without a lock or Go. A kernel runs on one device.
+  // graph, for a relay.build model of three files, gives its graph and params:
+  // lib_path is then those three paths, NUL-separated (the key of what was
+  // resolved), and graph's paths the second and third of them.
   Status FunctionFor(absl::string_view lib_path, const std::string& sha256, DLDevice device,
-                     bool allow_models, const Resolved** out) {
+                     bool allow_models, const Resolved** out,
+                     const TvmdsoopGraphFiles* graph = nullptr) {
     const Resolved* latest = latest_.load(std::memory_order_acquire);
     if (ABSL_PREDICT_TRUE(latest != nullptr && latest->lib_path == lib_path)) {
       *out = latest;
       return Status();
     }
-    return Resolve(lib_path, sha256, device, allow_models, out);
+    return Resolve(lib_path, sha256, device, allow_models, graph, out);
   }
 
   const std::string& func_name() const { return func_name_; }
@@ -269,9 +274,12 @@ class CallKernel : public OpKernel {
  private:
   // FunctionFor's first call for lib_path, kept out of the call's path.
   ABSL_ATTRIBUTE_NOINLINE Status Resolve(absl::string_view lib_path, const std::string& sha256,
-                                         DLDevice device, bool allow_models, const Resolved** out) {
-    // Paths resolved before hold no NUL byte: only a new one needs the check.
-    if (std::memchr(lib_path.data(), 0, lib_path.size()) != nullptr) {
+                                         DLDevice device, bool allow_models,
+                                         const TvmdsoopGraphFiles* graph, const Resolved** out) {
+    // Paths resolved before hold no NUL byte: only a new one needs the check
+    // (a model of three files: two, its separators).
+    const size_t nuls = static_cast<size_t>(std::count(lib_path.begin(), lib_path.end(), '\0'));
+    if (nuls != (graph != nullptr ? 2 : 0)) {
       return errors::InvalidArgument(type_string(), ": function '", func_name_,
                                      "': the library path holds a NUL byte");
     }
@@ -285,11 +293,13 @@ class CallKernel : public OpKernel {
     }
     auto r = std::make_unique<Resolved>();
     r->lib_path = std::string(lib_path);
-    r->where = Where(lib_path);
+    // c_str() ends at the first NUL: the library's path, for a model of three files too.
+    r->where = Where(r->lib_path.c_str());
     char* message = nullptr;
     const int code = tvmdsoopResolve(const_cast<char*>(r->lib_path.c_str()),
                                      const_cast<char*>(func_name_.c_str()),
-                                     const_cast<char*>(sha256.c_str()), device.device_type,
+                                     const_cast<char*>(sha256.c_str()),
+                                     const_cast<TvmdsoopGraphFiles*>(graph), device.device_type,
                                      device.device_id, allow_models ? 1 : 0, &r->target, &message);
     if (code != 0) {
       Status status(static_cast<absl::StatusCode>(code),

@@ -370,7 +370,7 @@ class ClusterKernel : public AsyncOpKernel {
     r->where = absl::StrCat("TVMDSOOpCluster ", cluster, ": function 'main' of ", r->lib_path);
     char* resolve_message = nullptr;
     const int resolved = tvmdsoopResolve(const_cast<char*>(built->library.c_str()), const_cast<char*>("main"),
-                                         const_cast<char*>(built->sha256.c_str()), kDLCPU, 0,
+                                         const_cast<char*>(built->sha256.c_str()), /*graph=*/nullptr, kDLCPU, 0,
                                          /*allowModels=*/1, &r->target, &resolve_message);
     std::unique_ptr<char, decltype(&std::free)> resolve_owner(resolve_message, std::free);
     if (resolved != 0) {

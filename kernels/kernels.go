@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
@@ -55,6 +56,7 @@ import (
 // kernel hands them to TF as absl::StatusCode, which has the same values).
 const (
 	codeInvalidArgument    = C.TF_INVALID_ARGUMENT
+	codeUnimplemented      = C.TF_UNIMPLEMENTED
 	codeNotFound           = C.TF_NOT_FOUND
 	codePermissionDenied   = C.TF_PERMISSION_DENIED
 	codeFailedPrecondition = C.TF_FAILED_PRECONDITION
@@ -69,14 +71,21 @@ var errModelNotAllowed = errors.New("not a library of plain functions")
 // what the kernel calls for funcName into out: a new reference to a plain
 // function, or, for a whole model, the pool of VM instances on the kernel's
 // device (made at its first use) and the function's index and arity there. A
-// non-empty sha256 (hex) is the digest the library must have. On failure it
-// returns a TensorFlow status code and a malloc'ed message for the caller to free.
+// non-empty sha256 (hex) is the digest the library must have. graph, when not
+// NULL, makes the model the library's relay.build graph with those files. On
+// failure it returns a TensorFlow status code and a malloc'ed message for the
+// caller to free.
 //
 //export tvmdsoopResolve
-func tvmdsoopResolve(libPath, funcName, sha256 *C.char, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) C.int {
+func tvmdsoopResolve(libPath, funcName, sha256 *C.char, graph *C.TvmdsoopGraphFiles, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) C.int {
 	code, msg := status(func() error {
 		device := dlpack.Device{Type: dlpack.DeviceType(deviceType), ID: int32(deviceID)}
-		return resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), device, allowModels != 0, out)
+		var files *graphFiles
+		if graph != nil {
+			files = &graphFiles{graph: C.GoString(graph.graph), graphSHA256: C.GoString(graph.graph_sha256),
+				params: C.GoString(graph.params), paramsSHA256: C.GoString(graph.params_sha256)}
+		}
+		return resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), files, device, allowModels != 0, out)
 	})
 	if code != 0 {
 		*errMsg = C.CString(msg)
@@ -119,9 +128,38 @@ func describe(err error) string {
 	}
 }
 
+// graphFiles are a three-file relay.build model's graph and params.
+type graphFiles struct{ graph, graphSHA256, params, paramsSHA256 string }
+
+// graphModels are the relay.build models of three files made so far, by
+// their files and digests: kept, as libraries are, for the life of the
+// process, so that every kernel of a model shares its executor and params.
+var graphModels = struct {
+	sync.Mutex
+	m map[graphFiles]*dsoop.Module
+}{m: map[graphFiles]*dsoop.Module{}}
+
+// graphModel is the model of the library's graph with files, made at the
+// first use of those files (by their paths, and digests when given).
+func graphModel(library *dsoop.Module, files graphFiles) (*dsoop.Module, error) {
+	key := files
+	key.graph = library.Path() + "\x00" + files.graph // the same graph over another library is another model
+	graphModels.Lock()
+	defer graphModels.Unlock()
+	if m, ok := graphModels.m[key]; ok {
+		return m, nil
+	}
+	m, err := library.GraphFiles(files.graph, files.graphSHA256, files.params, files.paramsSHA256)
+	if err != nil {
+		return nil, err
+	}
+	graphModels.m[key] = m
+	return m, nil
+}
+
 // resolve keeps the library it opens loaded for the life of the process: later
 // kernels share it (and its VM pools).
-func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
+func resolve(libPath, funcName, sha256 string, graph *graphFiles, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
 	// The digest is checked on the bytes read, before any of them runs.
 	module, err := dsoop.OpenPinned(libPath, sha256)
 	if err != nil {
@@ -131,10 +169,15 @@ func resolve(libPath, funcName, sha256 string, device dlpack.Device, allowModels
 	if err := native.KeepLoaded(module); err != nil {
 		return err
 	}
+	if graph != nil {
+		if module, err = graphModel(module, *graph); err != nil {
+			return err
+		}
+	}
 	*out = C.TvmdsoopTarget{arity: -1}
-	if module.IsVM() {
+	if module.IsModel() {
 		if !allowModels {
-			return fmt.Errorf("%w: the library at %s is a whole model (a Relax VM executable); TvmDsoOp calls plain functions only, use TVMDSOOp", errModelNotAllowed, module.Path())
+			return fmt.Errorf("%w: the library at %s is a whole model (a Relax VM executable or a relay.build graph); TvmDsoOp calls plain functions only, use TVMDSOOp", errModelNotAllowed, module.Path())
 		}
 		fn, err := module.VMFunc(funcName, device)
 		if err != nil {
@@ -173,6 +216,8 @@ func statusCode(err error) int {
 		return codePermissionDenied
 	case errors.Is(err, errModelNotAllowed):
 		return codeFailedPrecondition
+	case errors.Is(err, dsoop.ErrLegacyUnsupported):
+		return codeUnimplemented
 	default:
 		return codeInvalidArgument
 	}

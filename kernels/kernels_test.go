@@ -37,6 +37,7 @@ func TestStatus(t *testing.T) {
 		{"allow-list", wrapped(dsoop.ErrNotAllowed), codePermissionDenied, "outside the allowed folders"},
 		{"TVM's error", wrapped(&dsoop.Error{Kind: "ValueError", Message: "bad shape"}), codeInvalidArgument, "ValueError: bad shape"},
 		{"not a library", wrapped(dsoop.ErrNotALibrary), codeInvalidArgument, "not a loadable shared library"},
+		{"old TVM's CUDA model", wrapped(dsoop.ErrLegacyUnsupported), codeUnimplemented, "TVM <= 0.21"},
 		{"anything else", errors.New("something"), codeInvalidArgument, "something"},
 	}
 	for _, tc := range tests {

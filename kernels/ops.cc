@@ -153,6 +153,7 @@ REGISTER_OP("TVMDSOOp")
     .Attr("output_dims_parts: int >= 0 = 1")
     .Attr("func_name: string")
     .Attr("lib_sha256: string = ''")
+    .Attr("graph_sha256: list(string) = []")
     .Attr("output_shapes: list(shape)")
     .Attr("alignment: int = 64")
     .Attr("returns: bool = false")
@@ -164,13 +165,16 @@ REGISTER_OP("TVMDSOOp")
     .Doc(R"doc(
 Calls function `func_name` of the TVM module at path `library` with the inputs,
 then the outputs, as DLTensors (TVM's destination-passing convention). A function
-of a whole model (a Relax VM executable), or any function when `returns` is true,
+of a whole model (a Relax VM executable or relay.build graph), or any function when `returns` is true,
 takes the inputs only and returns the outputs.
 
 library: the library's path, a scalar; a tensor so that SavedModels can carry the
   library as an asset and find it wherever they are loaded. A vector: the
   library, then the library of the gradient function (carried, never called here).
 lib_sha256: the SHA-256 (hex) the library must have; empty for no check.
+graph_sha256: for a relay.build model of three files, the SHA-256 (hex, or
+  empty for no check) of its graph JSON and of its params, whose paths follow
+  the library's in `library` (a vector then); empty for any other function.
 grad_func: the function giving the gradient (tf_op's registered gradient calls
   it); empty when the op has none. It is in the op's own library, or in
   library[1] when `library` is a vector, whose SHA-256 is `grad_lib_sha256`.

@@ -1,6 +1,6 @@
 // target.h: what a kernel calls, as Go resolves it for the C++ kernels
 // (tvmdsoopResolve in kernels.go): a plain function, or a function of a whole
-// model (a Relax VM executable) with the pool of VM instances that runs it.
+// model (a Relax VM executable or relay.build graph) with the pool of VM instances that runs it.
 #ifndef TVMDSOOP_KERNELS_TARGET_H_
 #define TVMDSOOP_KERNELS_TARGET_H_
 
@@ -8,6 +8,15 @@
 
 #include "dsoop/dsoop.h"
 #include "dsoop/vm.h"
+
+// A relay.build model given as three files: its graph JSON and params, with
+// the SHA-256 (hex) each must have ("": any), besides its library.
+typedef struct {
+  const char* graph;
+  const char* graph_sha256;
+  const char* params;
+  const char* params_sha256;
+} TvmdsoopGraphFiles;
 
 typedef struct {
   DsoopFunction fn;     // a plain function; fn.handle is NULL for a model's

@@ -47,6 +47,11 @@ class TVMDSOOpKernel : public CallKernel {
  public:
   explicit TVMDSOOpKernel(OpKernelConstruction* ctx) : CallKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lib_sha256", &lib_sha256_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("graph_sha256", &graph_sha256_));
+    OP_REQUIRES(ctx, graph_sha256_.empty() || graph_sha256_.size() == 2,
+                errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                        "': graph_sha256 holds the digests of a graph JSON and its "
+                                        "params, or none; got ", graph_sha256_.size()));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("returns", &returns_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alignment", &alignment_));
     OP_REQUIRES(ctx, alignment_ > 0 && (alignment_ & (alignment_ - 1)) == 0,
@@ -101,8 +106,12 @@ class TVMDSOOpKernel : public CallKernel {
     Placement placement;
     OP_REQUIRES_OK(ctx, placement.Init(ctx));
     const Resolved* fn = nullptr;
-    OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
-                                    lib_sha256_, placement.dl_device(), /*allow_models=*/true, &fn));
+    if (ABSL_PREDICT_FALSE(!graph_sha256_.empty())) {
+      OP_REQUIRES_OK(ctx, GraphFunction(ctx, library, placement.dl_device(), &fn));
+    } else {
+      OP_REQUIRES_OK(ctx, FunctionFor(absl::string_view(lib_path.data(), lib_path.size()),
+                                      lib_sha256_, placement.dl_device(), /*allow_models=*/true, &fn));
+    }
     const std::string& where = fn->where;
     // The run-time output sizes: output_dims' tensors (scalars or vectors), concatenated.
     absl::InlinedVector<int64_t, 8> dim_values;
@@ -223,7 +232,25 @@ class TVMDSOOpKernel : public CallKernel {
   int num_dynamic_dims_ = 0;  // -1 sizes in output_shapes
   absl::InlinedVector<OutputShape, 2> output_plan_;  // per output
   std::vector<PartialTensorShape> output_shapes_;
+  // A relay.build model of three files: library is [lib, graph JSON, params]
+  // (then the gradient's libraries), and these are the digests of the last two.
+  Status GraphFunction(OpKernelContext* ctx, const Tensor& library, DLDevice device,
+                       const Resolved** fn) {
+    if (library.dims() != 1 || library.NumElements() < 3) {
+      return errors::InvalidArgument(type_string(), ": function '", func_name(),
+                                     "': a relay.build model's library input is its library, graph "
+                                     "JSON and params, got shape ", library.shape().DebugString());
+    }
+    const auto paths = library.flat<tensorflow::tstring>();
+    const std::string lib(paths(0)), graph(paths(1)), params(paths(2));
+    const TvmdsoopGraphFiles files = {graph.c_str(), graph_sha256_[0].c_str(), params.c_str(),
+                                      graph_sha256_[1].c_str()};
+    return FunctionFor(absl::StrCat(lib, absl::string_view("\0", 1), graph, absl::string_view("\0", 1), params),
+                       lib_sha256_, device, /*allow_models=*/true, fn, &files);
+  }
+
   std::string lib_sha256_;
+  std::vector<std::string> graph_sha256_;
 };
 
 }  // namespace

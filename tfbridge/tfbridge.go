@@ -43,9 +43,10 @@ type Module struct {
 // the working directory). The graph records the file's SHA-256, and the op
 // refuses a library with another one. The library is loaded now (as the op
 // would load it, and shared with it; probed first, as no digest is pinned yet)
-// to learn whether it is a whole model (a Relax VM executable), whose functions
-// return their outputs. A file that does not exist is an error wrapping
-// fs.ErrNotExist, as tf_op.Module's is: a graph naming it could only fail.
+// to learn whether it is a whole model (a Relax VM executable, or a relay.build
+// model with its graph embedded), whose functions return their outputs. A file
+// that does not exist is an error wrapping fs.ErrNotExist, as tf_op.Module's
+// is: a graph naming it could only fail.
 func NewModule(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -61,10 +62,11 @@ func NewModule(path string) (*Module, error) {
 	if err := native.KeepLoaded(module); err != nil {
 		return nil, fmt.Errorf("tfbridge: %w", err)
 	}
-	return &Module{path: abs, sha256: module.SHA256(), model: module.IsVM()}, nil
+	return &Module{path: abs, sha256: module.SHA256(), model: module.IsModel()}, nil
 }
 
-// IsModel reports whether the library is a whole model (see dsoop.Module.IsVM).
+// IsModel reports whether the library is a whole model (see dsoop.Module.IsModel):
+// a Relax VM executable, or a relay.build model of one file.
 func (m *Module) IsModel() bool { return m.model }
 
 // Path is the library's absolute path.

@@ -1,9 +1,11 @@
 package tfbridge_test
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -374,6 +376,40 @@ func mustSlice(t *testing.T, s tf.Shape) []int64 {
 	dims, err := s.ToSlice()
 	require.NoError(t, err)
 	return dims
+}
+
+// TestRelayBuildModel runs a relay.build model of TVM 0.18 (one file: its
+// graph and params embedded) in a Go TF session, against TVM 0.18's own outputs.
+func TestRelayBuildModel(t *testing.T) {
+	fixtures := filepath.Join("..", "tests", "legacy", "fixtures")
+	m, err := tfbridge.NewModule(filepath.Join(fixtures, "convnet.so"))
+	require.NoError(t, err)
+	require.True(t, m.IsModel())
+	f, err := m.Func("default", tfbridge.WithOutputs(tfbridge.Output{Shape: []int64{1, 10}}, tfbridge.Output{Shape: []int64{1, 8}}))
+	require.NoError(t, err)
+	s := op.NewScope()
+	x := op.Placeholder(s, tf.Float, op.PlaceholderShape(tf.MakeShape(1, 3, 16, 16)))
+	outs := f.Call(s, x)
+	require.NoError(t, s.Err())
+	data := testenv.LegacyValues("data", 3*16*16, 1)
+	input := make([][][][]float32, 1)
+	input[0] = make([][][]float32, 3)
+	for c := range 3 {
+		input[0][c] = make([][]float32, 16)
+		for h := range 16 {
+			input[0][c][h] = data[(c*16+h)*16 : (c*16+h+1)*16]
+		}
+	}
+	got, err := run(t, s, x, input, outs...)
+	require.NoError(t, err)
+	raw, err := os.ReadFile(filepath.Join(fixtures, "convnet.out0"))
+	require.NoError(t, err)
+	logits := got[0].Value().([][]float32)[0]
+	require.Len(t, logits, len(raw)/4)
+	for i, v := range logits {
+		want := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+		assert.InDelta(t, want, v, 1e-5+1e-4*math.Abs(float64(want)), "logit %d", i)
+	}
 }
 
 // TestWholeModel runs a model compiled by TVM from relax.frontend.nn (an MLP whose

@@ -15,7 +15,7 @@ import (
 
 // libraryDescription is what TVMDSOOpDescribeLibrary tells about a library.
 type libraryDescription struct {
-	Model     bool     `json:"model"`               // a Relax VM executable: its functions return their outputs
+	Model     bool     `json:"model"`               // a Relax VM executable or relay.build graph: its functions return their outputs
 	Functions []string `json:"functions,omitempty"` // a model's functions, or the library's exported ones
 	CPULevel  string   `json:"cpu_level,omitempty"` // the x86-64 level loaded from a portable library
 	Error     string   `json:"error,omitempty"`
@@ -44,7 +44,7 @@ func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 			return d
 		}
 		d.CPULevel = module.CPULevel()
-		d.Model = module.IsVM()
+		d.Model = module.IsModel()
 		if d.Functions, err = module.Functions(); err != nil {
 			d.Error = err.Error()
 		}

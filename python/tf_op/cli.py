@@ -34,6 +34,8 @@ KIND_NAMES = {
     "model": "Relax model (a Relax VM executable: its functions return their outputs)",
     "legacy": "legacy library (TVM 0.8-0.21, functions under their own names)",
 }
+#: A model of old TVM: relay.build's, one file (its graph and params embedded).
+RELAY_MODEL = "relay.build model (a graph executor model of TVM 0.8-0.20: its function returns its outputs)"
 
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -189,9 +191,10 @@ def describe(info: dict[str, Any]) -> str:
     """``inspect``'s text for people: one fact a line."""
     params = info.get("parameters") or {}
     functions = [f"{name}({', '.join(params[name])})" if name in params else name for name in info["functions"]]
+    relay = info["kind"] == "model" and info["tvm"] == "0.8-0.20"
     lines = [
         info["path"],
-        f"  kind:       {KIND_NAMES.get(info['kind'], info['kind'])}",
+        f"  kind:       {RELAY_MODEL if relay else KIND_NAMES.get(info['kind'], info['kind'])}",
         f"  functions:  {', '.join(functions) if functions else '(none)'}",
         f"  sha256:     {info['sha256']}",
         f"  size:       {info['size']} bytes",

@@ -49,9 +49,24 @@ class Module(tf.Module):
         file now at lib_path, once a process of its own (tvmdsoop-probe) has
         loaded it without crashing. Pass ``""`` for no check (the op then
         probes the library when it loads it).
+      graph_json, params: a graph-executor model of ``relay.build`` (TVM
+        0.8-0.20) given as three files: lib_path is its library
+        (``lib.export_library``), graph_json its graph (``get_graph_json()``)
+        and params its params (``relay.save_param_dict``). The Module is then a
+        whole model whose one function, ``default``, takes the graph's inputs
+        that are not params. Both files are pinned to their SHA-256 now, and
+        travel with SavedModels as assets. (A one-file model, ``export_library``
+        of relay.build's result, needs neither: it is a model by itself.)
     """
 
-    def __init__(self, lib_path: str | bytes | os.PathLike[str], sha256: str | None = None) -> None:
+    def __init__(
+        self,
+        lib_path: str | bytes | os.PathLike[str],
+        sha256: str | None = None,
+        *,
+        graph_json: str | bytes | os.PathLike[str] | None = None,
+        params: str | bytes | os.PathLike[str] | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(lib_path, (str, bytes, os.PathLike)):
             raise TypeError(f"tf_op: lib_path must be a path (str, bytes or os.PathLike), got {type(lib_path).__name__}")
@@ -76,6 +91,25 @@ class Module(tf.Module):
         # An Asset, so that SavedModels copy the library and point the op at the copy.
         self._library = tf.saved_model.Asset(self.lib_path)
         self._description: dict[str, Any] | None = None
+        #: A three-file relay.build model's graph JSON and params: their paths,
+        #: digests and assets; empty for any other library.
+        self.graph_files: tuple[str, ...] = ()
+        self._graph_sha256: list[str] = []
+        self._graph_assets: list[tf.saved_model.Asset] = []
+        if (graph_json is None) != (params is None):
+            raise ValueError("tf_op: a relay.build model of three files needs both graph_json and params")
+        if graph_json is not None:
+            for what, p in (("graph_json", graph_json), ("params", params)):
+                if not isinstance(p, (str, bytes, os.PathLike)):
+                    raise TypeError(f"tf_op: {what} must be a path, got {type(p).__name__}")
+                file = os.path.abspath(os.fsdecode(p))
+                if "\0" in file:
+                    raise ValueError(f"tf_op: {what} path {file!r} holds a NUL byte")
+                if not os.path.isfile(file):
+                    raise FileNotFoundError(f"tf_op: the {what} file {file} does not exist")
+                self.graph_files += (file,)
+                self._graph_sha256.append(file_sha256(file))
+                self._graph_assets.append(tf.saved_model.Asset(file))
 
     @property
     def sha256(self) -> str:
@@ -96,16 +130,19 @@ class Module(tf.Module):
     @property
     def is_model(self) -> bool:
         """Whether the library is a whole model: a Relax VM executable
-        (``tvm.compile`` of Relax functions, then ``export_library``). A model's
-        functions return their outputs. False for a library that does not load
-        (yet): the op reports why when it runs."""
-        return bool(self._describe().get("model"))
+        (``tvm.compile`` of Relax functions, then ``export_library``), or a
+        graph-executor model of ``relay.build`` (one file, or three: see
+        ``graph_json``). A model's functions return their outputs. False for a
+        library that does not load (yet): the op reports why when it runs."""
+        return bool(self.graph_files) or bool(self._describe().get("model"))
 
     def functions(self) -> list[str]:
         """The functions a caller may name, sorted: a whole model's entry points
         (``main``, ``forward``, ...), or the functions the library exports (its
         ``__tvm_ffi_<name>`` symbols; a library of TVM <= 0.21, its own names).
         Empty when the library does not load: the op reports why when it runs."""
+        if self.graph_files:
+            return ["default"]  # a three-file model's one function, as relay.build names it
         return list(self._describe().get("functions") or [])
 
     @property
@@ -124,6 +161,14 @@ class Module(tf.Module):
         if _in_tf1_graph():
             return tf.constant(self.lib_path)
         return self._library.asset_path
+
+    @property
+    def model_paths(self) -> list[tf.Tensor]:
+        """A three-file model's library, graph JSON and params paths, as
+        ``library_path`` gives the library's (the copies in a loaded SavedModel)."""
+        if _in_tf1_graph():
+            return [tf.constant(p) for p in (self.lib_path, *self.graph_files)]
+        return [self._library.asset_path] + [a.asset_path for a in self._graph_assets]
 
     def func(
         self,
@@ -177,6 +222,8 @@ class Module(tf.Module):
         """
         if self.is_model and returns is False:
             raise ValueError(f"tf_op: {self.lib_path} is a whole model: its function {name!r} returns its outputs")
+        if self.graph_files and grad is not None:
+            raise ValueError(f"tf_op: {self.lib_path}: a relay.build model of three files takes no grad")
         returns = bool(returns) or self.is_model
         if isinstance(grad, str):
             grad = Func(self, grad, None, None, alignment, device=device, returns=returns)
@@ -366,7 +413,11 @@ class Func(tf.Module):
     def _library_and_grad(self) -> tuple[tf.Tensor, dict[str, Any]]:
         """The op's ``library`` input and its gradient attrs (tf_op.gradients reads
         them). A gradient in another library adds that library's path to the input,
-        a vector then, so that a SavedModel holds it as an asset too."""
+        a vector then, so that a SavedModel holds it as an asset too. A relay.build
+        model of three files has its graph JSON and params after its library
+        (and no gradient)."""
+        if self.module.graph_files:
+            return tf.stack(self.module.model_paths), {"graph_sha256": list(self.module._graph_sha256)}
         if self.grad is None:
             return self.module.library_path, {}
         attrs = {"grad_func": self.grad.func_name, "grad_returns": self.grad.returns}

@@ -52,5 +52,5 @@ export PYTHONPATH=$tvm/python
 export TVM_LIBRARY_PATH=$tvm/python/tvm
 mkdir -p "$out"
 "$python" "$here/fixtures.py" "$out"
-(cd "$out" && sha256sum ./*.so | sed 's| \./| |' >SHA256SUMS)
+(cd "$out" && sha256sum ./*.so ./*.json ./*.params ./*.out* | sed 's| \./| |' >SHA256SUMS)
 cat "$out/SHA256SUMS"

@@ -120,6 +120,13 @@ def test_inspect_a_legacy_library() -> None:
     assert {"add_one", "row_sum", "add_pair"} <= set(info["functions"])
 
 
+def test_inspect_a_relay_build_model() -> None:
+    info = inspect_json(LEGACY_FIXTURES / "convnet.so")
+    assert (info["kind"], info["tvm"], info["functions"]) == ("model", "0.8-0.20", ["default"])
+    assert [m["kind"] for m in info["embedded"]] == ["GraphExecutorFactory"]
+    assert "relay.build model" in tvmdsoop("inspect", str(LEGACY_FIXTURES / "convnet.so")).stdout
+
+
 def test_inspect_names_cpu_features_this_cpu_lacks_without_loading(foreign_cpu_lib: Path) -> None:
     """A library for another CPU is described, not refused: nothing of it runs."""
     info = inspect_json(foreign_cpu_lib)
