@@ -5,7 +5,7 @@
 //   - tvm_dso_op_kernel.cc, legacy_kernel.cc: each op's kernel, with its CPU
 //     and GPU registrations
 //   - call.h: what both kernels share: resolving the function, the per-call path
-//   - resolved.h: a resolved function, one Resolved per function for the process
+//   - resolved.h: a resolved function, one Resolved per function, counted
 //   - placement.h: CPU and GPU placement (buffers, copies, TF's stream)
 //   - dlpack_tensor.h: TF tensors in DLPack's terms
 //   - returned_output.h: what a returning function gave back, as the op's outputs
