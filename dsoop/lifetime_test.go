@@ -157,63 +157,36 @@ func TestExportedFunctionsAreCalledThroughTheirSymbols(t *testing.T) {
 	}
 }
 
-// keptAndClosed opens the library at path as a kernel does (kept loaded for the
-// life of the process) and closes its Module.
-func keptAndClosed(t *testing.T, path string) *dsoop.Module {
-	t.Helper()
-	m, err := dsoop.Open(path)
-	require.NoError(t, err)
-	require.NoError(t, native.KeepLoaded(m))
-	require.NoError(t, m.Close())
-	return m
-}
-
-// The kernels keep what they load for the life of the process: later kernels
-// share it, whether the Modules are closed or let go.
-func TestKeptLibraryOutlivesItsModules(t *testing.T) {
-	path := copyLibrary(t, testLib)
-	m := keptAndClosed(t, path)
-	require.ErrorIs(t, native.KeepLoaded(m), dsoop.ErrClosed)
-	func() {
-		let, err := dsoop.Open(path)
-		require.NoError(t, err)
-		require.NoError(t, native.KeepLoaded(let))
-	}()
-	for range 3 {
-		runtime.GC()
-	}
-	require.True(t, dsoop.Loaded(path))
-	again, err := dsoop.Open(path)
-	require.NoError(t, err)
-	defer again.Close()
-	assert.True(t, dsoop.SharesLoad(m, again), "the kept library is shared")
-	_, f := openAddOne(t, path)
-	addOneWorks(t, f)
-}
-
 func TestNativeAccessorsRefuseOtherTypes(t *testing.T) {
 	f := openFunc(t, "add_one")
-	assert.ErrorContains(t, native.KeepLoaded(f), "KeepLoaded of a *dsoop.Func")
-	_, _, err := native.RetainVMFunc(f)
-	assert.ErrorContains(t, err, "RetainVMFunc of a *dsoop.Func")
+	_, _, err := native.BorrowVMFunc(f)
+	assert.ErrorContains(t, err, "BorrowVMFunc of a *dsoop.Func")
 	assert.ErrorContains(t, native.RetainFunc(struct{}{}, nil), "RetainFunc of a struct {}")
+	assert.ErrorContains(t, native.BorrowFunc(struct{}{}, nil), "BorrowFunc of a struct {}")
 	require.NoError(t, f.Close())
 	var fn [3]uintptr // a DsoopFunction's room: not written for a closed Func
 	assert.ErrorIs(t, native.RetainFunc(f, unsafe.Pointer(&fn)), dsoop.ErrClosed)
+	assert.ErrorIs(t, native.BorrowFunc(f, unsafe.Pointer(&fn)), dsoop.ErrClosed)
+	assert.Equal(t, [3]uintptr{}, fn)
 }
 
 // The loader (glibc's dlopen) hands back a library already loaded from the
-// path it is asked for, and libraries load from /proc/self/fd/N: a kept
-// library's memfd must stay open even when its entry is gone (its file was
-// rebuilt in place), or a later library given the same fd number would run the
-// kept one's code.
+// path it is asked for, and libraries load from /proc/self/fd/N: the memfd of
+// a library a Func keeps loaded must stay open even when its entry is gone (its
+// file was rebuilt in place), or a later library given the same fd number would
+// run the kept one's code.
 func TestKeptLibraryKeepsItsLoaderPathToItself(t *testing.T) {
 	path := copyLibrary(t, ffiLib)
-	keptAndClosed(t, path)
+	m, err := dsoop.Open(path)
+	require.NoError(t, err)
+	kept, err := m.Func("add_int")
+	require.NoError(t, err)
+	defer kept.Close()
+	require.NoError(t, m.Close())
 	rebuilt, err := os.ReadFile(testLib)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, rebuilt, 0o644))
-	_, f := openAddOne(t, path) // the rebuilt file replaces the kept library's entry
+	_, f := openAddOne(t, path) // the rebuilt file, loaded anew
 	addOneWorks(t, f)
 	for range 3 {
 		runtime.GC()
@@ -222,4 +195,7 @@ func TestKeptLibraryKeepsItsLoaderPathToItself(t *testing.T) {
 		_, f := openAddOne(t, copyLibrary(t, testLib))
 		addOneWorks(t, f)
 	}
+	got, err := kept.CallValue(int64(2), int64(3))
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), got, "the kept library's own code")
 }

@@ -49,7 +49,6 @@ type moduleEntry struct {
 	graph  *graphModel               // a relay.build model over legacy's functions; else nil
 	pools  map[dlpack.Device]*vmPool // the model's VM instances by device; guarded by poolsMu
 	opens  int                       // guarded by modulesMu
-	kept   bool                      // one of opens is native.KeepLoaded's; guarded by modulesMu
 
 	funcsMu sync.Mutex
 	funcs   map[string]C.DsoopFunction // looked up so far, one object per name, released with the entry
@@ -231,7 +230,7 @@ func (r *moduleRef) close() {
 	} else {
 		C.dsoop_object_release(e.handle)
 	}
-	// Unloaded now, unless Funcs, VMFuncs or C holders keep it: its memfd goes
+	// Unloaded now, unless Funcs or VMFuncs keep it: its memfd goes
 	// with the last of them (sealedLibrary.close).
 	e.sealed.close()
 }

@@ -15,8 +15,8 @@ import (
 // What C holders in this module reach through internal/native, and no one else.
 func init() {
 	native.RetainFunc = retainFunc
-	native.RetainVMFunc = retainVMFunc
-	native.KeepLoaded = keepLoaded
+	native.BorrowFunc = borrowFunc
+	native.BorrowVMFunc = borrowVMFunc
 }
 
 func retainFunc(fn any, dst unsafe.Pointer) error {
@@ -33,8 +33,22 @@ func retainFunc(fn any, dst unsafe.Pointer) error {
 	return nil
 }
 
-func retainVMFunc(fn any) (pool unsafe.Pointer, index int32, err error) {
-	f, err := as[*VMFunc](fn, "RetainVMFunc")
+func borrowFunc(fn any, dst unsafe.Pointer) error {
+	f, err := as[*Func](fn, "BorrowFunc")
+	if err != nil {
+		return err
+	}
+	f.ref.mu.RLock()
+	defer f.ref.mu.RUnlock()
+	if f.ref.closed {
+		return fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
+	}
+	*(*C.DsoopFunction)(dst) = f.ref.fn
+	return nil
+}
+
+func borrowVMFunc(fn any) (pool unsafe.Pointer, index int32, err error) {
+	f, err := as[*VMFunc](fn, "BorrowVMFunc")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -43,38 +57,7 @@ func retainVMFunc(fn any) (pool unsafe.Pointer, index int32, err error) {
 	if f.ref.closed {
 		return nil, 0, fmt.Errorf("dsoop: %s: %w", f.name, ErrClosed)
 	}
-	poolsMu.Lock()
-	f.ref.pool.refs++
-	poolsMu.Unlock()
 	return unsafe.Pointer(f.ref.pool.ptr), int32(f.ref.index), nil
-}
-
-// keptEntries are the libraries keepLoaded holds, for the life of the process.
-// An entry is referenced here and not only from the modules map, which drops it
-// when a rebuilt file at its path replaces it: unreferenced, its TVM module would
-// be lost to the process (LeakSanitizer reports it) rather than kept.
-var keptEntries []*moduleEntry // guarded by modulesMu
-
-// keepLoaded holds one more open of the module's library, once per library,
-// never closed.
-func keepLoaded(module any) error {
-	m, err := as[*Module](module, "KeepLoaded")
-	if err != nil {
-		return err
-	}
-	m.ref.mu.RLock()
-	defer m.ref.mu.RUnlock()
-	if m.ref.closed {
-		return fmt.Errorf("dsoop: library %s: %w", m.entry.path, ErrClosed)
-	}
-	modulesMu.Lock()
-	defer modulesMu.Unlock()
-	if !m.entry.kept {
-		m.entry.kept = true
-		m.entry.opens++
-		keptEntries = append(keptEntries, m.entry)
-	}
-	return nil
 }
 
 // as gives v as a T, or the error of the accessor named hook, called with a value

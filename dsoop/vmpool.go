@@ -22,7 +22,6 @@ const VMInstancesEnv = "TVMDSOOP_VM_INSTANCES"
 
 // vmPool is one C pool of VM instances of a module's executable on one device.
 // It is freed with its last reference: the module entry's, and each VMFunc's.
-// References given to C holders (native.RetainVMFunc) are never returned.
 type vmPool struct {
 	ptr  *C.DsoopVMPool
 	refs int // guarded by poolsMu

@@ -219,6 +219,13 @@ class CallKernel : public OpKernel {
     output_pool_ = std::make_shared<OutputPool>(pool_size);
   }
 
+  // TF destroys a kernel with its graph or function (an eager op's, with the
+  // eager kernel cache): what it resolved is given back then, and a library no
+  // other kernel uses is unloaded.
+  ~CallKernel() override {
+    for (const Resolved* r : resolved_) Release(r);
+  }
+
   CallKernel(const CallKernel&) = delete;
   CallKernel& operator=(const CallKernel&) = delete;
 
@@ -455,7 +462,7 @@ class CallKernel : public OpKernel {
   // subclass's) are contiguous.
   std::string func_name_;
   std::mutex mu_;  // guards resolving and resolved_
-  std::vector<const Resolved*> resolved_;  // Shared's, for each path resolved
+  std::vector<const Resolved*> resolved_;  // Shared's, for each path resolved; released with the kernel
   std::shared_ptr<OutputPool> output_pool_;  // shared with the buffers it lent
 
   // What each call reads lives inline in the kernel, from a cache line's start,

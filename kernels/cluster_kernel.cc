@@ -74,6 +74,13 @@ struct Shape {
 
   Shape(std::string c, absl::InlinedVector<int64_t, 16> k, std::string text)
       : cluster(std::move(c)), key(std::move(k)), name(std::move(text)) {}
+  // The last of the kernel and its compiles in flight lets the shape go, and
+  // with it what it loaded.
+  ~Shape() {
+    if (fn != nullptr) internal::Release(fn);
+  }
+  Shape(const Shape&) = delete;
+  Shape& operator=(const Shape&) = delete;
 
   // Whether the inputs of this call have this shape.
   bool Matches(const OpKernelContext& ctx, int num_args) const {
@@ -96,7 +103,7 @@ struct Shape {
   bool reported_off = false;  // the report heard it ran TF because the pass was off
   std::condition_variable compiled;  // state left kCompiling
   State state = State::kNew;
-  const Resolved* fn = nullptr;  // kTiming, kTVM
+  const Resolved* fn = nullptr;  // kTiming, kTVM; Shared's, released with the shape
   double compile_seconds = 0;
   std::string library, sha256;  // what fn was loaded from
   int64_t flops = 0;            // the convolutions' and matmuls' in the compiled part, by the compiler's count
@@ -378,6 +385,7 @@ class ClusterKernel : public AsyncOpKernel {
                     absl::StrCat(r->where, ": ", resolve_message ? resolve_message : "unknown error"));
     }
     if (r->target.pool == nullptr || r->target.arity != num_in) {
+      tvmdsoopRelease(r->target.holder);
       return errors::InvalidArgument(r->where, ": expected a model whose main takes ", num_in, " input(s)");
     }
     built->fn = internal::Shared(std::move(r));

@@ -5,7 +5,7 @@
 //   - tvm_dso_op_kernel.cc, legacy_kernel.cc: each op's kernel, with its CPU
 //     and GPU registrations
 //   - call.h: what both kernels share: resolving the function, the per-call path
-//   - resolved.h: a resolved function, one Resolved per function for the process
+//   - resolved.h: a resolved function, one Resolved per function, counted
 //   - placement.h: CPU and GPU placement (buffers, copies, TF's stream)
 //   - dlpack_tensor.h: TF tensors in DLPack's terms
 //   - returned_output.h: what a returning function gave back, as the op's outputs
@@ -27,7 +27,8 @@
 // Linking this package into a binary registers the op: the registration runs in
 // C++ static initialisers, with no Go call, because a c-shared library's Go
 // runtime is not ready while the library is being dlopened. The only Go on the
-// op's path is resolve, called at a kernel's first call of a library.
+// op's path is resolve, called at a kernel's first call of a library, and
+// release, when the last kernel of a function is destroyed.
 package kernels
 
 /*
@@ -43,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"runtime/cgo"
 	"strings"
 	"sync"
 	"unsafe"
@@ -67,14 +69,16 @@ const (
 // plain functions only.
 var errModelNotAllowed = errors.New("not a library of plain functions")
 
-// tvmdsoopResolve loads the module at libPath (once per process) and writes
-// what the kernel calls for funcName into out: a new reference to a plain
-// function, or, for a whole model, the pool of VM instances on the kernel's
-// device (made at its first use) and the function's index and arity there. A
-// non-empty sha256 (hex) is the digest the library must have. graph, when not
-// NULL, makes the model the library's relay.build graph with those files. On
-// failure it returns a TensorFlow status code and a malloc'ed message for the
-// caller to free.
+// tvmdsoopResolve loads the module at libPath (shared with every other user of
+// the unchanged file while one is left) and writes what the kernel calls for
+// funcName into out: a plain function, or, for a whole model, the pool of VM
+// instances on the kernel's device (made at its first use) and the function's
+// index and arity there; and out.holder, what keeps them valid, which the
+// kernel gives back with tvmdsoopRelease. A non-empty sha256 (hex) is the
+// digest the library must have. graph, when not NULL, makes the model the
+// library's relay.build graph with those files. On failure it returns a
+// TensorFlow status code and a malloc'ed message for the caller to free, and
+// holds nothing.
 //
 //export tvmdsoopResolve
 func tvmdsoopResolve(libPath, funcName, sha256 *C.char, graph *C.TvmdsoopGraphFiles, deviceType, deviceID C.int32_t, allowModels C.int, out *C.TvmdsoopTarget, errMsg **C.char) C.int {
@@ -85,12 +89,37 @@ func tvmdsoopResolve(libPath, funcName, sha256 *C.char, graph *C.TvmdsoopGraphFi
 			files = &graphFiles{graph: C.GoString(graph.graph), graphSHA256: C.GoString(graph.graph_sha256),
 				params: C.GoString(graph.params), paramsSHA256: C.GoString(graph.params_sha256)}
 		}
-		return resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), files, device, allowModels != 0, out)
+		t, err := resolve(C.GoString(libPath), C.GoString(funcName), C.GoString(sha256), files, device, allowModels != 0)
+		if err != nil {
+			return err
+		}
+		*out = C.TvmdsoopTarget{
+			fn:       t.fn,
+			pool:     (*C.DsoopVMPool)(t.pool),
+			vm_index: C.int32_t(t.index),
+			arity:    C.int64_t(t.arity),
+			holder:   C.uintptr_t(cgo.NewHandle(t.held)),
+		}
+		return nil
 	})
 	if code != 0 {
 		*errMsg = C.CString(msg)
 	}
 	return C.int(code)
+}
+
+// tvmdsoopRelease gives back what tvmdsoopResolve's target held: the library
+// is unloaded with its last user. The kernels call it from TensorFlow's threads
+// when the last kernel of a function is destroyed. A panic is not let unwind
+// into them: there is no one to tell, so the library stays loaded.
+//
+//export tvmdsoopRelease
+func tvmdsoopRelease(holder C.uintptr_t) {
+	defer func() { _ = recover() }()
+	h := cgo.Handle(holder)
+	kept := h.Value().(*held)
+	h.Delete()
+	kept.release()
 }
 
 // status runs resolution and gives its TensorFlow status code (0 for OK) and
@@ -132,8 +161,9 @@ func describe(err error) string {
 type graphFiles struct{ graph, graphSHA256, params, paramsSHA256 string }
 
 // graphModels are the relay.build models of three files made so far, by
-// their files and digests: kept, as libraries are, for the life of the
-// process, so that every kernel of a model shares its executor and params.
+// their files and digests, so that every kernel of a model shares its
+// executor and params: kept for the life of the process, and their libraries
+// with them (unlike other libraries, which leave with their last kernel).
 var graphModels = struct {
 	sync.Mutex
 	m map[graphFiles]*dsoop.Module
@@ -157,49 +187,79 @@ func graphModel(library *dsoop.Module, files graphFiles) (*dsoop.Module, error) 
 	return m, nil
 }
 
-// resolve keeps the library it opens loaded for the life of the process: later
-// kernels share it (and its VM pools).
-func resolve(libPath, funcName, sha256 string, graph *graphFiles, device dlpack.Device, allowModels bool, out *C.TvmdsoopTarget) error {
+// target is what resolve gives a kernel to call: the native objects, valid
+// while held is not released.
+type target struct {
+	fn    C.DsoopFunction // a plain function; zero for a model's
+	pool  unsafe.Pointer  // a model's function: its pool, and its index there
+	index int32
+	arity int64 // the model function's number of inputs; -1 for plain functions
+	held  *held
+}
+
+// held keeps a resolved function and its library: the Module keeps the
+// library's one loaded copy (and a model's pools) for every later kernel of
+// it, the Func or VMFunc the object the kernels call.
+type held struct {
+	module *dsoop.Module
+	fn     *dsoop.Func
+	vmFunc *dsoop.VMFunc
+}
+
+// release closes the function before the module: the module's close, the
+// last use, then finds the library unloaded and closes its sealed copy.
+func (h *held) release() {
+	if h.fn != nil {
+		h.fn.Close()
+	}
+	if h.vmFunc != nil {
+		h.vmFunc.Close()
+	}
+	h.module.Close()
+}
+
+// resolve opens the library and its function for a kernel, held until the
+// target's held is released; on failure it holds nothing.
+func resolve(libPath, funcName, sha256 string, graph *graphFiles, device dlpack.Device, allowModels bool) (t target, err error) {
 	// The digest is checked on the bytes read, before any of them runs.
 	module, err := dsoop.OpenPinned(libPath, sha256)
 	if err != nil {
-		return err
+		return t, err
 	}
-	defer module.Close()
-	if err := native.KeepLoaded(module); err != nil {
-		return err
-	}
+	h := &held{module: module}
+	defer func() {
+		if err != nil {
+			h.release()
+		}
+	}()
 	if graph != nil {
 		if module, err = graphModel(module, *graph); err != nil {
-			return err
+			return t, err
 		}
 	}
-	*out = C.TvmdsoopTarget{arity: -1}
+	t.arity = -1
 	if module.IsModel() {
 		if !allowModels {
-			return fmt.Errorf("%w: the library at %s is a whole model (a Relax VM executable or a relay.build graph); TvmDsoOp calls plain functions only, use TVMDSOOp", errModelNotAllowed, module.Path())
+			return t, fmt.Errorf("%w: the library at %s is a whole model (a Relax VM executable or a relay.build graph); TvmDsoOp calls plain functions only, use TVMDSOOp", errModelNotAllowed, module.Path())
 		}
-		fn, err := module.VMFunc(funcName, device)
+		if h.vmFunc, err = module.VMFunc(funcName, device); err != nil {
+			return t, err
+		}
+		pool, index, err := native.BorrowVMFunc(h.vmFunc)
 		if err != nil {
-			return err
+			return t, err
 		}
-		// The kernel takes its own reference to the pool; this VMFunc is not needed past here.
-		defer fn.Close()
-		pool, index, err := native.RetainVMFunc(fn)
-		if err != nil {
-			return err
-		}
-		out.pool = (*C.DsoopVMPool)(pool)
-		out.vm_index = C.int32_t(index)
-		out.arity = C.int64_t(fn.Arity())
-		return nil
+		t.pool, t.index, t.arity, t.held = pool, index, int64(h.vmFunc.Arity()), h
+		return t, nil
 	}
-	fn, err := module.Func(funcName)
-	if err != nil {
-		return err
+	if h.fn, err = module.Func(funcName); err != nil {
+		return t, err
 	}
-	defer fn.Close()
-	return native.RetainFunc(fn, unsafe.Pointer(&out.fn))
+	if err := native.BorrowFunc(h.fn, unsafe.Pointer(&t.fn)); err != nil {
+		return t, err
+	}
+	t.held = h
+	return t, nil
 }
 
 func statusCode(err error) int {

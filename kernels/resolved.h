@@ -26,17 +26,21 @@ struct alignas(64) Resolved {
     return lib_path == o.lib_path && where == o.where && target.fn.handle == o.target.fn.handle &&
            target.fn.safe_call == o.target.fn.safe_call && target.fn.self == o.target.fn.self &&
            target.pool == o.target.pool && target.vm_index == o.target.vm_index &&
-           target.arity == o.target.arity;
+           target.arity == o.target.arity;  // not the holder: each resolve has its own
   }
 };
 
 // The process's one Resolved for each function of a loaded library (dsoop gives
 // every lookup of it the same object): the kernels of the function point to it,
 // so what their calls read of it stays in cache however many kernels there are.
-// It lives as long as the process, as the library does (kernels.go keeps it
-// loaded); r's function reference is released when an equal one is there
-// already (a model's pool is never released: pools live as long as the process).
+// Each call hands out one reference, for the caller to give back with Release;
+// r's holder is released when an equal Resolved is there already.
 const Resolved* Shared(std::unique_ptr<Resolved> r);
+
+// Gives back a reference from Shared. With the last, the Resolved is freed and
+// its holder released (tvmdsoopRelease): the library is unloaded if nothing
+// else uses it. Calls into Go: not with a lock held that Go's side may wait on.
+void Release(const Resolved* r);
 
 }  // namespace internal
 }  // namespace tvmdsoop

@@ -19,7 +19,6 @@ import (
 	"github.com/wamuir/graft/tensorflow/op"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
-	"github.com/tvmdsoop/tvmdsoop/internal/native"
 	// The TVMDSOOp kernels, registered by C++ static initialisers at start-up.
 	_ "github.com/tvmdsoop/tvmdsoop/kernels"
 )
@@ -32,7 +31,7 @@ const DynamicDim = -1
 
 // Module names a TVM library (made by TVM's export_library, or any library that
 // exports TVM-FFI functions). The library is loaded by the op when the graph
-// runs, once per process per path.
+// runs, once per process per path while its kernels use it.
 type Module struct {
 	path   string
 	sha256 string
@@ -42,26 +41,24 @@ type Module struct {
 // NewModule names the library at path (made absolute, so graphs do not depend on
 // the working directory). The graph records the file's SHA-256, and the op
 // refuses a library with another one. The library is loaded now (as the op
-// would load it, and shared with it; probed first, as no digest is pinned yet)
-// to learn whether it is a whole model (a Relax VM executable, or a relay.build
-// model with its graph embedded), whose functions return their outputs. A file
-// that does not exist is an error wrapping fs.ErrNotExist, as tf_op.Module's
-// is: a graph naming it could only fail.
+// would load it; probed first, as no digest is pinned yet) to learn whether it
+// is a whole model (a Relax VM executable, or a relay.build model with its
+// graph embedded), whose functions return their outputs. A file that does not
+// exist is an error wrapping fs.ErrNotExist, as tf_op.Module's is: a graph
+// naming it could only fail.
 func NewModule(path string) (*Module, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: library %q: %w", path, err)
 	}
-	// Kept loaded, as the op keeps the libraries it loads: they share one copy,
-	// and the digest recorded is that of the bytes loaded.
+	// The digest recorded is that of the bytes loaded. Not kept loaded: the op
+	// loads the library again when the graph runs, and unloads it with the
+	// graph's last kernel of it.
 	module, err := dsoop.Open(abs)
 	if err != nil {
 		return nil, fmt.Errorf("tfbridge: %w", err)
 	}
 	defer module.Close()
-	if err := native.KeepLoaded(module); err != nil {
-		return nil, fmt.Errorf("tfbridge: %w", err)
-	}
 	return &Module{path: abs, sha256: module.SHA256(), model: module.IsModel()}, nil
 }
 

@@ -10,7 +10,6 @@ import (
 	"io/fs"
 
 	"github.com/tvmdsoop/tvmdsoop/dsoop"
-	"github.com/tvmdsoop/tvmdsoop/internal/native"
 )
 
 // libraryDescription is what TVMDSOOpDescribeLibrary tells about a library.
@@ -22,7 +21,8 @@ type libraryDescription struct {
 }
 
 // TVMDSOOpDescribeLibrary loads the library at path (as the op would, sharing
-// the loaded copy; when sha256 is not empty, only a file of that SHA-256) and returns a malloc'ed JSON object: {"model": bool,
+// the copy loaded for kernels while there is one; when sha256 is not empty,
+// only a file of that SHA-256) and returns a malloc'ed JSON object: {"model": bool,
 // "functions": [...]} or {"error": "..."}. The Python package asks it whether a
 // library is a whole model, whose functions return their outputs, when it adds
 // the op to a graph. Free the result with free().
@@ -31,18 +31,15 @@ type libraryDescription struct {
 func TVMDSOOpDescribeLibrary(path, sha256 *C.char) *C.char {
 	return answer(func() any {
 		var d libraryDescription
-		// The digest is checked on the bytes read, before any of them runs. Kept
-		// loaded, as the kernels keep theirs: the op shares the loaded copy.
+		// The digest is checked on the bytes read, before any of them runs. Not
+		// kept: the library leaves now unless a kernel uses it, and the op loads
+		// it again when it runs; a process that only describes holds nothing.
 		module, err := dsoop.OpenPinned(C.GoString(path), C.GoString(sha256))
 		if err != nil {
 			d.Error = err.Error()
 			return d
 		}
 		defer module.Close()
-		if err := native.KeepLoaded(module); err != nil {
-			d.Error = err.Error()
-			return d
-		}
 		d.CPULevel = module.CPULevel()
 		d.Model = module.IsModel()
 		if d.Functions, err = module.Functions(); err != nil {
