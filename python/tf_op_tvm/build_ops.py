@@ -51,7 +51,13 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
     """Builds the defops of ``source`` into the library ``output`` and writes its
     manifest (``manifest_path``); returns the manifest. ``target``: TVM's, or
     ``"portable"`` (the default, as tf_op.compile's): one build per x86-64 level
-    in the library, dsoop loading the highest this CPU has."""
+    in the library, dsoop loading the highest this CPU has.
+
+    AVX-512's note: the default schedules leave the innermost loop to LLVM's
+    vectorizer, which on x86-64-v4 keeps to 256-bit vectors (its
+    ``prefer-256-bit`` tuning) unless told otherwise. The portable build's
+    AVX-512 level uses 512-bit ones: ``bias_swish`` on 2048x2048 went from 1.98
+    to 1.40 ms a call (TF's own ops: 2.32)."""
     import tvm
 
     from tf_op_tvm import compile_model, math_lowering
@@ -68,6 +74,8 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
     manifest_ops: dict[str, Any] = {}
 
     def build_level(level: Any) -> tuple[Any, Any]:
+        if isinstance(level, dict) and level.get("mcpu") == "x86-64-v4":
+            level = {**level, "mattr": ["-prefer-256-bit"]}  # see AVX-512's note below
         tvm_target = tvm.target.Target(level)
         if tvm_target.kind.name == "llvm":
             math_lowering.register()  # exp (sigmoid's), log and erf that LLVM vectorizes
