@@ -2,7 +2,6 @@ package dsoop
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,11 +9,9 @@ import (
 	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
-// TVM's magic numbers (include/tvm/runtime/ndarray.h, src/runtime/file_utils.h).
-const (
-	tvmNDArrayMagic     = 0xDD5E40F096B4A13F
-	tvmNDArrayListMagic = 0xF7E58D4F05049CB7
-)
+// tvmNDArrayListMagic begins a param blob (src/runtime/file_utils.h); each of
+// its tensors begins with tensorMagic.
+const tvmNDArrayListMagic = 0xF7E58D4F05049CB7
 
 // graphFactoryKind is the type key of the module relay.build's export_library
 // embeds for a one-file model: the graph, its params and the model's name.
@@ -86,48 +83,26 @@ func readNames(r *binReader, n uint64) []string {
 	return names
 }
 
-// readParamTensor reads a tensor as SaveDLTensor writes it:
-//
-//	<magic: u64> <reserved: u64> <device: i32 type, i32 id> <ndim: i32>
-//	<dtype: u8 code, u8 bits, u16 lanes> <shape: ndim i64> <nbytes: i64> <data>
-//
-// little-endian; its data is a slice of what r reads.
+// readParamTensor reads a tensor as SaveDLTensor writes it (readSavedTensor);
+// its data is a slice of what r reads.
 func readParamTensor(r *binReader) legacyParam {
-	var p legacyParam
-	if magic := r.u64(); r.err == nil && magic != tvmNDArrayMagic {
-		r.err = errors.New("a tensor without its magic")
-	}
-	r.u64() // reserved
-	head := r.read(16)
+	t := readSavedTensor(r)
+	p := legacyParam{dtype: t.dtype, shape: t.shape}
 	if r.err != nil {
 		return p
 	}
-	le := binary.LittleEndian
 	// SaveDLTensor always writes the CPU: what it saves was copied there.
-	if device := int32(le.Uint32(head)); device != int32(dlpack.CPU) {
-		r.err = fmt.Errorf("a tensor of device type %d", device)
-		return p
-	}
-	ndim := int32(le.Uint32(head[8:]))
-	p.dtype = dlpack.DataType{Code: dlpack.DataTypeCode(head[12]), Bits: head[13], Lanes: le.Uint16(head[14:])}
-	if ndim < 0 || ndim > maxTensorDims {
-		r.err = fmt.Errorf("a tensor of %d dimensions", ndim)
-		return p
-	}
-	for range ndim {
-		p.shape = append(p.shape, int64(r.u64()))
-	}
-	nbytes := int64(r.u64())
-	if r.err != nil {
+	if t.deviceType != int32(dlpack.CPU) {
+		r.err = fmt.Errorf("a tensor of device type %d", t.deviceType)
 		return p
 	}
 	want, err := tensorBytes(p.dtype, p.shape)
 	if err != nil {
 		r.err = err
-	} else if nbytes != want {
-		r.err = fmt.Errorf("a %v tensor of shape %v with %d bytes of data", p.dtype, p.shape, nbytes)
+	} else if t.nbytes != want {
+		r.err = fmt.Errorf("a %v tensor of shape %v with %d bytes of data", p.dtype, p.shape, t.nbytes)
 	}
-	p.data = r.read(uint64(nbytes))
+	p.data = r.read(uint64(t.nbytes))
 	return p
 }
 

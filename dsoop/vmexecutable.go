@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+
+	"github.com/tvmdsoop/tvmdsoop/dlpack"
 )
 
 // A Relax VM executable's bytes, as apache-tvm 0.27 writes them
@@ -36,8 +38,6 @@ const (
 
 const (
 	vmExecutableVersion = "0.14"
-	// tensorMagic begins a saved tensor (include/tvm/runtime/tensor.h, kTVMTensorMagic).
-	tensorMagic = 0xDD5E40F096B4A13F
 	// Bounds far above what TVM writes, so that a corrupt count is refused
 	// before anything is sized by it.
 	maxVMFunctions     = 1 << 20
@@ -221,27 +221,20 @@ func (e *vmExecutable) readConstants(r *binReader) error {
 // and one lane, whose data TVM's loader reads into a buffer it sizes from the
 // shape: the data must be exactly that size, and there.
 func readTensor(r *binReader) error {
-	magic, _ := r.u64(), r.u64() // the second is reserved
-	deviceType, deviceID := r.u32(), r.u32()
-	ndim := int32(r.u32())
-	code, bitsPerLane, lanes := r.u8(), r.u8(), r.u16()
+	t := readSavedTensor(r)
 	if r.err != nil {
 		return r.err
 	}
+	bitsPerLane := t.dtype.Bits
 	switch {
-	case magic != tensorMagic:
-		return fmt.Errorf("a tensor of magic %#x", magic)
-	case deviceType != 1 || deviceID != 0:
-		return fmt.Errorf("a tensor saved on device %d:%d, not the CPU", deviceType, deviceID)
-	case ndim < 0 || ndim > maxTensorDims:
-		return fmt.Errorf("a tensor of %d dimensions", ndim)
-	case bitsPerLane == 0 || bitsPerLane%8 != 0 || lanes != 1:
+	case t.deviceType != int32(dlpack.CPU) || t.deviceID != 0:
+		return fmt.Errorf("a tensor saved on device %d:%d, not the CPU", t.deviceType, t.deviceID)
+	case bitsPerLane == 0 || bitsPerLane%8 != 0 || t.dtype.Lanes != 1:
 		// The loader reads (bits+7)/8 bytes an element into bits*lanes/8.
-		return fmt.Errorf("a tensor of type code %d, %d bits, %d lanes", code, bitsPerLane, lanes)
+		return fmt.Errorf("a tensor of type code %d, %d bits, %d lanes", t.dtype.Code, bitsPerLane, t.dtype.Lanes)
 	}
 	elements := uint64(1)
-	for d := int32(0); d < ndim; d++ {
-		dim := r.i64()
+	for _, dim := range t.shape {
 		hi, lo := bits.Mul64(elements, uint64(dim))
 		if dim < 0 || hi != 0 {
 			return fmt.Errorf("a tensor dimension of %d", dim)
@@ -249,8 +242,8 @@ func readTensor(r *binReader) error {
 		elements = lo
 	}
 	hi, size := bits.Mul64(elements, uint64(bitsPerLane/8))
-	if stored := r.i64(); r.err == nil && (hi != 0 || stored < 0 || uint64(stored) != size) {
-		return fmt.Errorf("a tensor of %d elements of %d bits holding %d bytes", elements, bitsPerLane, stored)
+	if hi != 0 || t.nbytes < 0 || uint64(t.nbytes) != size {
+		return fmt.Errorf("a tensor of %d elements of %d bits holding %d bytes", elements, bitsPerLane, t.nbytes)
 	}
 	r.skip(size)
 	return r.err
