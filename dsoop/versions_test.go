@@ -93,21 +93,6 @@ func footprint(t *testing.T) int64 {
 	return rss + memfds
 }
 
-// memfdsNamed lists the process's memfds whose names begin with prefix.
-func memfdsNamed(t *testing.T, prefix string) []string {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	var named []string
-	for _, fd := range fds {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil &&
-			strings.HasPrefix(target, "/memfd:"+prefix) {
-			named = append(named, target)
-		}
-	}
-	return named
-}
-
 const mib = 1 << 20
 
 // The goal of unloading: a server that loads 40 versions of a 16 MiB model,
@@ -149,7 +134,7 @@ func TestFortyModelVersionsLeave(t *testing.T) {
 	}
 	after := footprint(t)
 	runtime.KeepAlive(model.library) // in before, as in after
-	assert.Empty(t, memfdsNamed(t, "tvmdsoop:model_v"), "every version's memfd closed")
+	assert.Empty(t, testenv.Memfds(t, "tvmdsoop:model_v"), "every version's memfd closed")
 	t.Logf("%d versions of a 16 MiB model: footprint %.1f MiB before, %.1f MiB at the peak (one version loaded), "+
 		"%.1f MiB after: growth %.1f MiB", versions, float64(before)/mib, float64(peak)/mib, float64(after)/mib,
 		float64(after-before)/mib)

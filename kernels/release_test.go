@@ -3,7 +3,6 @@ package kernels
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,21 +30,6 @@ func testLibrary(t *testing.T, name string) string {
 	return path
 }
 
-// memfdsOf lists the process's memfds a library named name was sealed into.
-func memfdsOf(t *testing.T, name string) []string {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	var named []string
-	for _, fd := range fds {
-		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil &&
-			strings.HasPrefix(target, "/memfd:tvmdsoop:"+name) {
-			named = append(named, target)
-		}
-	}
-	return named
-}
-
 var cpu = dlpack.Device{Type: dlpack.CPU}
 
 // What kernels resolve keeps the library loaded, one copy for all of them, and
@@ -56,18 +40,18 @@ func TestResolvedLibraryLeavesWithItsLastRelease(t *testing.T) {
 
 	_, err := resolve(path, "no_such_function", "", nil, cpu, true)
 	require.ErrorIs(t, err, dsoop.ErrFunctionNotFound)
-	assert.Empty(t, memfdsOf(t, name), "a failed resolve holds nothing")
+	assert.Empty(t, testenv.Memfds(t, "tvmdsoop:"+name), "a failed resolve holds nothing")
 
 	first, err := resolve(path, "add_one", "", nil, cpu, true)
 	require.NoError(t, err)
 	second, err := resolve(path, "add_one", "", nil, cpu, true)
 	require.NoError(t, err)
 	assert.Equal(t, first.fn, second.fn, "kernels of one function share its object (and Shared its Resolved)")
-	assert.Len(t, memfdsOf(t, name), 1, "one load for both")
+	assert.Len(t, testenv.Memfds(t, "tvmdsoop:"+name), 1, "one load for both")
 	assert.Equal(t, int64(-1), first.arity)
 
 	first.held.release()
-	assert.Len(t, memfdsOf(t, name), 1, "the second still holds it")
+	assert.Len(t, testenv.Memfds(t, "tvmdsoop:"+name), 1, "the second still holds it")
 	second.held.release()
-	assert.Empty(t, memfdsOf(t, name), "unloaded, its memfd closed, with the last release")
+	assert.Empty(t, testenv.Memfds(t, "tvmdsoop:"+name), "unloaded, its memfd closed, with the last release")
 }
