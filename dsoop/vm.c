@@ -168,6 +168,19 @@ static DsoopVMPool* new_pool(int32_t max_instances) {
   return p;
 }
 
+// Makes the pool's first instance, so that what fails in making one fails here,
+// and gives the pool to *out; destroys it on failure.
+static int open_pool(DsoopVMPool* p, DsoopVMPool** out, DsoopError* err) {
+  Instance* first = NULL;
+  if (acquire(p, &first, err) != 0) {
+    dsoop_vm_pool_destroy(p);
+    return -1;
+  }
+  give_back(p, first);
+  *out = p;
+  return 0;
+}
+
 int dsoop_vm_pool_create_graph(DsoopGraph* graph, int32_t max_instances, DsoopVMPool** out,
                                DsoopError* err) {
   if (max_instances < 1) {
@@ -182,14 +195,7 @@ int dsoop_vm_pool_create_graph(DsoopGraph* graph, int32_t max_instances, DsoopVM
   }
   p->graph = graph;
   p->device_type = kDLCPU;
-  Instance* first = NULL;
-  if (acquire(p, &first, err) != 0) {
-    dsoop_vm_pool_destroy(p);
-    return -1;
-  }
-  give_back(p, first);
-  *out = p;
-  return 0;
+  return open_pool(p, out, err);
 }
 
 int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t device_id,
@@ -210,14 +216,7 @@ int dsoop_vm_pool_create(TVMFFIObjectHandle module, int32_t device_type, int32_t
   dsoop_object_retain(module);
   p->device_type = device_type;
   p->device_id = device_id;
-  Instance* first = NULL;
-  if (acquire(p, &first, err) != 0) {
-    dsoop_vm_pool_destroy(p);
-    return -1;
-  }
-  give_back(p, first);
-  *out = p;
-  return 0;
+  return open_pool(p, out, err);
 }
 
 void dsoop_vm_pool_destroy(DsoopVMPool* p) {
