@@ -103,13 +103,14 @@ class DefOp:
                 )
         if self.auto_broadcast:
             inputs = self._broadcast(inputs, ndim)
-        for i, (t, spec) in enumerate(zip(inputs, variant["inputs"])):
-            if not self.auto_broadcast and t.shape.rank != len(spec["shape"]):
-                raise tf.errors.InvalidArgumentError(
-                    None, None,
-                    f"tf_op: op {self.name}: input {i} has {t.shape.rank} dimensions, the {variant['dtype']} "
-                    f"variant of {ndim} dimensions takes {len(spec['shape'])}",
-                )
+        else:
+            for i, (t, spec) in enumerate(zip(inputs, variant["inputs"])):
+                if t.shape.rank != len(spec["shape"]):
+                    raise tf.errors.InvalidArgumentError(
+                        None, None,
+                        f"tf_op: op {self.name}: input {i} has {t.shape.rank} dimensions, the {variant['dtype']} "
+                        f"variant of {ndim} dimensions takes {len(spec['shape'])}",
+                    )
         shapes = [_shape(o["shape"], inputs) for o in variant["outputs"]]
         inputs = self._checked(inputs, variant, shapes)
         if self.grad_name is None:

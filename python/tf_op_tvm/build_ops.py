@@ -71,7 +71,17 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
     for op in ops:
         if op.grad is not None and op.grad not in names:
             raise DefopError(f"defop {op.name}: its grad {op.grad!r} is not a defop of {source}")
+    # Each variant's function and manifest entry, made once; each level schedules its own copy.
+    variants: list[tuple[Any, Any, str, int]] = []  # (op, unscheduled function, dtype, ndim)
     manifest_ops: dict[str, Any] = {}
+    for op in ops:
+        entries = []
+        for dtype in op.dtypes:
+            for ndim in op.ndims:
+                func, entry = _variant(op, dtype, ndim, f"defop {op.name} ({dtype}, {ndim} dimensions)")
+                variants.append((op, func, dtype, ndim))
+                entries.append(entry)
+        manifest_ops[op.name] = {"auto_broadcast": op.auto_broadcast, "grad": op.grad, "variants": entries}
 
     def build_level(level: Any) -> tuple[Any, Any]:
         if isinstance(level, dict) and level.get("mcpu") == "x86-64-v4":
@@ -79,16 +89,8 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
         tvm_target = tvm.target.Target(level)
         if tvm_target.kind.name == "llvm":
             math_lowering.register()  # exp (sigmoid's), log and erf that LLVM vectorizes
-        functions: dict[str, Any] = {}
-        for op in ops:
-            variants = []
-            for dtype in op.dtypes:
-                for ndim in op.ndims:
-                    where = f"defop {op.name} ({dtype}, {ndim} dimensions)"
-                    function_name = f"{op.name}_{dtype}_{ndim}d"
-                    functions[function_name], variant = _variant(op, dtype, ndim, function_name, tvm_target, where)
-                    variants.append(variant)
-            manifest_ops[op.name] = {"auto_broadcast": op.auto_broadcast, "grad": op.grad, "variants": variants}
+        functions = {func.attrs["global_symbol"]: _scheduled(op, func, dtype, ndim, tvm_target)
+                     for op, func, dtype, ndim in variants}
         return tvm.compile(tvm.IRModule(functions), target=tvm_target), tvm_target
 
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -106,10 +108,12 @@ def build_ops(source: Path, output: Path, target: Any = "portable") -> dict[str,
     return manifest
 
 
-def _variant(op: Any, dtype: str, ndim: int, function_name: str, target: Any, where: str) -> tuple[Any, dict[str, Any]]:
-    """One variant's scheduled function and its manifest entry."""
-    from tvm import s_tir, te
+def _variant(op: Any, dtype: str, ndim: int, where: str) -> tuple[Any, dict[str, Any]]:
+    """One variant's function, ``<op>_<dtype>_<ndim>d``, not scheduled yet, and
+    its manifest entry."""
+    from tvm import te
 
+    function_name = f"{op.name}_{dtype}_{ndim}d"
     try:
         tensors = list(op.compute(dtype, ndim))
     except Exception as e:
@@ -134,7 +138,14 @@ def _variant(op: Any, dtype: str, ndim: int, function_name: str, target: Any, wh
         "outputs": [{"dtype": str(t.dtype), "shape": [_expr(d, dims, where) for d in t.shape],
                      "elementwise_inputs": _elementwise_inputs(t, inputs)} for t in outputs],
     }
-    func = te.create_prim_func([*inputs, *outputs]).with_attr("global_symbol", function_name)
+    return te.create_prim_func([*inputs, *outputs]).with_attr("global_symbol", function_name), entry
+
+
+def _scheduled(op: Any, func: Any, dtype: str, ndim: int, target: Any) -> Any:
+    """A variant's function scheduled for target: by the defop's hook, else the
+    default for the target's kind (a schedule works on a copy)."""
+    from tvm import s_tir
+
     sch = s_tir.Schedule(func)
     if op.schedule is not None:
         scheduled = op.schedule(sch, dtype, ndim)
@@ -142,9 +153,9 @@ def _variant(op: Any, dtype: str, ndim: int, function_name: str, target: Any, wh
         scheduled = _cuda_schedule(sch)
     else:
         scheduled = _default_schedule(sch, target)
-    if scheduled is not None:
-        func = scheduled.mod["main"].with_attr("global_symbol", function_name)
-    return func, entry
+    if scheduled is None:
+        return func
+    return scheduled.mod["main"].with_attr("global_symbol", func.attrs["global_symbol"])
 
 
 def _is_int(value: Any) -> bool:
