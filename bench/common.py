@@ -48,12 +48,14 @@ PEERS_MODELS: Final = {"cnn": (1, 32), "transformer": (1, 8), "lstm": (1, 8), "m
 PEERS_QUICK: Final = ("cnn", "transformer", "lstm")
 #: Its engines, in report order, with their column names; "tvm_tuned" only with --tune.
 PEERS_ENGINES: Final = {"tf": "TF graph", "xla": "XLA (jit_compile)", "tflite": "TFLite + XNNPACK",
-                        "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_tuned": "tf_op.compile tuned",
+                        "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_eager": "tf_op.compile, eager",
+                        "tvm_tuned": "tf_op.compile tuned", "tvm_tuned_eager": "tf_op.compile tuned, eager",
                         "auto": "tf_op.auto"}
 PEERS_TOLERANCE: Final = 1e-4  # of float32 engines: max |engine - TF| / max |TF|
 PEERS_CACHE: Final = BUILD_DIR / "peers_cache"  # emptied at each run
-#: TVM beside TF in the bridge (docs/serving.md, Threads): all CPUs, as TF's kernels; idle workers asleep, not spinning.
-TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+#: TVM beside TF as the op library sets it (dsoop.c; docs/compiler.md, Threads): all CPUs, as TF's kernels; idle
+#: workers spin 200 yields (about 80 us) before they sleep.
+TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "TVM_THREAD_POOL_SPIN_COUNT": "200"}
 #: Each key's goal: (comparison, bound). The tuned bridge keys exist only with --tune.
 GOALS: Final[dict[str, tuple[str, float]]] = {
     "per_op_ratio_vs_tf_add": ("<=", 1.25),

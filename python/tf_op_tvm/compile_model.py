@@ -323,7 +323,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     # beside TF (dsoop.c, default_tvm_thread_settings) where the user set none:
     # the kernels kept must be the fastest there, not under TVM's own defaults.
     for name, value in (("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)))),
-                        ("TVM_THREAD_POOL_SPIN_COUNT", "0"), ("TVM_BIND_THREADS", "0")):
+                        ("TVM_THREAD_POOL_SPIN_COUNT", "200"), ("TVM_BIND_THREADS", "0")):
         os.environ.setdefault(name, value)
     import psutil
     import tvm
