@@ -132,8 +132,12 @@ def engines(model: keras.Model, compiled: dict[str, tf_op.CompiledFunction], x_n
                                                      jit_compile=True), x),
         "tflite": lambda: tflite_engine(graph.get_concrete_function(), x_np, model.name, out),
         "ort": lambda: ort_engine(graph, x_np)}
-    for variant, fn in compiled.items():  # in a tf.function, as a user runs it; the first call compiles
+    for variant, fn in compiled.items():
+        # In a tf.function, as a model's part; the first call compiles. And
+        # called eagerly, as a user runs the compiled model alone: a tf.function
+        # call costs 0.1-0.2 ms here, which small models feel.
         setups[variant] = lambda fn=fn: functools.partial(tf.function(fn, input_signature=spec), x)
+        setups[f"{variant}_eager"] = lambda fn=fn: functools.partial(fn, x)
     setups["auto"] = lambda: auto_engine(model, spec, x, out, prefix)  # last: the pass stays on while the rounds run
     return setups
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 from conftest import TVM_PYTHON
 from helpers import run_python
 
-from tf_op import CompileError, compile
+from tf_op import CompiledFunction, CompileError, compile
 from tf_op.compiler import worker
 
 RTOL = ATOL = 1e-5
@@ -133,6 +133,31 @@ def test_none_batch_compiles_once_per_shape(tmp_path: Path) -> None:
     assert sorted(fast.library_paths) == [((1, 16),), ((3, 16),)]
     assert len(_libraries(tmp_path)) == 2
 
+
+
+def test_eager_calls_of_a_compiled_shape_go_straight_to_its_library(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager call whose input shapes compiled before takes their library
+    without checking the shapes against the signature again; any other shape
+    is checked, and a tape still sees the call."""
+    model = _mlp()
+    fast = compile(model, [tf.TensorSpec([None, 16])], cache_dir=tmp_path)
+    merged: list[tuple[int, ...]] = []
+    real = CompiledFunction._merged_shape
+    monkeypatch.setattr(CompiledFunction, "_merged_shape",
+                        lambda self, t, spec, i: merged.append(tuple(t.shape)) or real(self, t, spec, i))
+    for seed in range(3):
+        x = _inputs(2, 16, seed=seed)
+        np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    assert merged == [(2, 16)]
+    with pytest.raises(ValueError, match=r"input 0 has shape \(2, 17\), expected \(None, 16\)"):
+        fast(_inputs(2, 17))
+    x = tf.constant(_inputs(2, 16))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fast(x)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="gradient"):
+        tape.gradient(y, x)
 
 
 def test_first_compile_inside_a_tf_function(tmp_path: Path) -> None:

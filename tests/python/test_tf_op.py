@@ -135,6 +135,34 @@ def test_output_shape_differs_from_input(mod: tf_op.Module, name: str, output_sh
     np.testing.assert_array_equal(f(tf.constant(x)).numpy(), expected(x))
 
 
+def test_eager_calls_make_the_ops_arguments_once(mod: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eagerly, a function whose output sizes are static makes the op's
+    arguments at its first call per dtype of the first input (which an output
+    of no declared dtype takes); one whose sizes are tensors, and calls being
+    traced, make them at each call. The answers stay right."""
+    made: list[str] = []
+    real = tf_op.Func._library_and_grad
+    monkeypatch.setattr(tf_op.Func, "_library_and_grad", lambda self: made.append(self.func_name) or real(self))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    row_sum = mod.func("row_sum", output_shape=[2])
+    for _ in range(3):
+        np.testing.assert_array_equal(row_sum(tf.constant(x)).numpy(), x.sum(axis=1))
+    add_one = mod.func("add_one")  # the output takes the input's shape and dtype: one set of arguments
+    for n in (1, 5, 5):
+        np.testing.assert_array_equal(add_one(tf.constant(np.arange(n, dtype=np.float32))).numpy(), np.arange(n) + 1)
+    add_one_i64 = mod.func("add_one_i64")
+    np.testing.assert_array_equal(add_one_i64(tf.constant([1, -5], tf.int64)).numpy(), [2, -4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="int64"):  # another dtype: its own arguments
+        add_one_i64(tf.constant([1.0]))
+    sized = mod.func("row_sum", output_shape=[tf.constant(2)])
+    for _ in range(2):
+        np.testing.assert_array_equal(sized(tf.constant(x)).numpy(), x.sum(axis=1))
+    traced = tf.function(row_sum)
+    for shift in range(2):
+        np.testing.assert_array_equal(traced(tf.constant(x + shift)).numpy(), (x + shift).sum(axis=1))
+    assert made == ["row_sum", "add_one", "add_one_i64", "add_one_i64", "row_sum", "row_sum", "row_sum"]
+
+
 def test_misaligned_buffers_are_copied_with_right_values(mod: tf_op.Module) -> None:
     # TF aligns buffers to 64 bytes; asking for 4096 forces the scratch copies of
     # inputs and output and the copy back.
