@@ -160,6 +160,18 @@ def test_eager_calls_of_a_compiled_shape_go_straight_to_its_library(tmp_path: Pa
         tape.gradient(y, x)
 
 
+def test_recurrent_layers_compile_unrolled(tmp_path: Path) -> None:
+    """Keras RNNs' loops of few steps compile into straight-line code
+    (unroll.unrolled), as tf_op.auto's clusters do: a layer that returns its
+    whole sequence compiles only that way (TVM's frontend refuses its loop)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8, return_sequences=True), keras.layers.GRU(4),
+                              keras.layers.Dense(3)])
+    x = _inputs(2, 6, 5)
+    fast = compile(model, cache_dir=tmp_path)
+    np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+
+
 def test_first_compile_inside_a_tf_function(tmp_path: Path) -> None:
     """A shape first seen while a tf.function is traced compiles there (the
     converter runs out of the graph being built)."""

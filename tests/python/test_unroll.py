@@ -90,3 +90,27 @@ def test_other_loops_stay_loops(fn: Callable[[tf.Tensor], tf.Tensor], why: str) 
     assert "While" in ops or "StatelessWhile" in ops, why
     assert "PartitionedCall" not in ops, why
     np.testing.assert_allclose(got, tf.function(fn, autograph=False)(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_functions_loops_are_unrolled_with_its_variables_frozen() -> None:
+    """tf_op.compile's function (a Keras RNN's loop reads the layer's
+    variables): the loops become calls, the variables constants, the answers
+    the model's."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6, 5)), keras.layers.LSTM(8, return_sequences=True),
+                              keras.layers.LSTM(4), keras.layers.Dense(3)])
+    x = np.random.default_rng(4).standard_normal((2, 6, 5)).astype(np.float32)
+    concrete = tf.function(lambda t: model(t, training=False)).get_concrete_function(tf.TensorSpec(x.shape))
+    built = unroll.unrolled(concrete)
+    ops = [op.type for op in built.graph.get_operations()]
+    assert "While" not in ops and "StatelessWhile" not in ops and ops.count("PartitionedCall") == 12, ops
+    assert not built.graph.variables and not built.captured_inputs
+    [got] = built(tf.constant(x))
+    np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_function_without_loops_is_left_as_it_is() -> None:
+    concrete = tf.function(_step).get_concrete_function(tf.TensorSpec((3, 4)))
+    assert unroll.unrolled(concrete) is concrete

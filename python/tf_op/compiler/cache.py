@@ -35,7 +35,7 @@ logger = logging.getLogger(__package__)
 #: Part of every cache key: raise it when what a cache entry holds, or how this
 #: package makes it, changes, so that old entries are not reused (the worker's own
 #: source is part of the key already: ``worker.digest``).
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7  # 7: tf_op.compile unrolls loops of few steps (unroll.unrolled)
 
 #: What TVM's thread pool reads from the environment: how many threads run a
 #: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).

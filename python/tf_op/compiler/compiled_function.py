@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # whether a tape records: TF has no public way to ask
 from tensorflow.python.ops import resource_variable_ops
 
-from tf_op.compiler import cache, targets, tflite_conversion, worker
+from tf_op.compiler import cache, targets, tflite_conversion, unroll, worker
 from tf_op.compiler.progress import Progress
 from tf_op.compiler.errors import CompileError
 from tf_op.compiler.targets import Target
@@ -261,7 +261,7 @@ class CompiledFunction(tf.Module):
 
         def tflite() -> bytes:
             start = time.perf_counter()
-            tflite_bytes = tflite_conversion.to_tflite(concrete, state.name)
+            tflite_bytes = tflite_conversion.to_tflite(unroll.unrolled(concrete), state.name)
             progress.stage(f"converted to TFLite ({len(tflite_bytes) / 1e6:.1f} MB) in "
                            f"{time.perf_counter() - start:.2f} s")
             # The converter reads the variables now, not when they were

@@ -1,4 +1,5 @@
-"""Loops unrolled before a cluster of tf_op.auto is compiled (cluster.py).
+"""Loops unrolled before a cluster of tf_op.auto (cluster.py), or a function
+of tf_op.compile (compiled_function.py), is compiled.
 
 A While (kernels/auto_loop_pass.cc takes whole recurrent layers into clusters)
 compiles into TVM's VM as a loop that calls each step's kernels one by one:
@@ -25,10 +26,12 @@ on zeros, for that number.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from tf_op.compiler.errors import CompileError
 
@@ -36,6 +39,36 @@ from tf_op.compiler.errors import CompileError
 MAX_STEPS = 64
 
 _LOOPS = ("While", "StatelessWhile")
+
+
+def unrolled(concrete: Any) -> Any:
+    """``concrete`` (a ConcreteFunction of static input shapes) with its
+    variables frozen into constants and its loops of known, few steps unrolled:
+    what tf_op.compile converts, so that a Keras RNN compiles into straight-line
+    code as tf_op.auto's clusters do. ``concrete`` itself where no loop is
+    unrolled."""
+    if not any(op.type in _LOOPS for op in concrete.graph.get_operations()):
+        return concrete
+    # Control flow stays While (not lowered to Switch and Merge): unroll reads the While.
+    frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+    graph_def = frozen.graph.as_graph_def()
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=t.op.name) for t in frozen.inputs]
+    renamed = unroll(graph_def, {spec.name: spec for spec in specs})
+    if not renamed:
+        return concrete
+    return function_of(graph_def, [t.name for t in frozen.inputs],
+                       rename([t.name for t in frozen.outputs], renamed), specs)
+
+
+def function_of(graph_def: graph_pb2.GraphDef, inputs: Sequence[str], outputs: Sequence[str],
+                specs: Sequence[tf.TensorSpec]) -> Any:
+    """``graph_def`` as a ConcreteFunction of ``specs``: each fed to its tensor
+    of ``inputs``, the tensors ``outputs`` returned."""
+    def body(*args: tf.Tensor) -> list[tf.Tensor]:
+        return tf.graph_util.import_graph_def(graph_def, input_map=dict(zip(inputs, args)),
+                                              return_elements=list(outputs), name="cluster")
+
+    return tf.function(body).get_concrete_function(*specs)
 
 
 def unroll(graph_def: graph_pb2.GraphDef, args: Mapping[str, tf.TensorSpec]) -> dict[str, str]:
