@@ -242,6 +242,53 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
     assert out["x86-64-v4"] == {"512x128": [4, 64], "1x512": [1, 256], "8x10": [8, 10], "6x100": None}, out
 
 
+#: Run on the TVM Python: softmax and a mean over rows of 64 (whole vectors
+#: on every level), scheduled by the row-reduction rule: each reduction's
+#: block along the row (rfactor's) and whether its innermost loop is a vector,
+#: and the largest error against numpy, relative to the largest value.
+_ROW_REDUCTIONS = """
+import json, sys
+import numpy as np, tvm
+from tvm import te, tirx, topi
+sys.path.insert(0, sys.argv[1])
+from cpu_schedule import reduction
+x = te.placeholder((48, 64), name="x")
+rng, out = np.random.default_rng(0), {}
+data = rng.standard_normal((48, 64)).astype("float32") * 4
+total = topi.sum(x, axis=1, keepdims=True)
+mean = te.compute(total.shape, lambda i, j: total[i, j] / 64.0, name="mean")
+for name, op, want in (("softmax", topi.nn.softmax(x), np.exp(data) / np.exp(data).sum(1, keepdims=True)),
+                       ("mean", mean, data.mean(1, keepdims=True))):
+    for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
+        target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+        sch = reduction.RowReduction().apply(te.create_prim_func([x, op]), target, False)
+        in_vectors = {}
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            if sch.get(block).name_hint.endswith("_rf_update"):
+                in_vectors[sch.get(block).name_hint] = sch.get(sch.get_loops(block)[-1]).kind == tirx.ForKind.VECTORIZED
+        got = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+        if mcpu != "x86-64-v4" or "avx512f" in sys.argv[2]:
+            tvm.compile(sch.mod, target=target)(tvm.runtime.tensor(data), got)
+        out[f"{name} {mcpu}"] = {"in_vectors": in_vectors,
+                                 "error": float(np.abs(got.numpy() - want).max() / np.abs(want).max())}
+print(json.dumps(out))
+"""
+
+
+def test_row_reductions_sum_and_take_maxima_in_vectors() -> None:
+    """Softmax's max and sum and a mean's sum run along the row in vectors,
+    on every level, within float32 rounding of numpy."""
+    result = subprocess.run([TVM_PYTHON, "-c", _ROW_REDUCTIONS, str(TVM_PACKAGE), " ".join(sorted(_HOST_FLAGS))],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
+        softmax, mean = out[f"softmax {mcpu}"], out[f"mean {mcpu}"]
+        assert softmax["in_vectors"] == {"T_softmax_maxelem_rf_update": True, "T_softmax_expsum_rf_update": True}, out
+        assert list(mean["in_vectors"].values()) == [True], out
+    assert all(v["error"] < 1e-6 for v in out.values()), out
+
+
 #: Run on the TVM Python: float32 erf through the worker's lowering, scalar and
 #: in vectors, against math.erf in float64 (in ulps of the float32 result);
 #: float64 keeps libm's erf.

@@ -11,13 +11,14 @@ The rule (like TVM's ``dlight.cpu.Reduction``, which runs softmax slower than
 the fallback here: 0.40 against 0.14 ms at batch 8) takes ``ROWS`` rows at a
 time and computes every block for them before the next rows, so that the
 intermediates are a few rows and stay in L1; the elementwise blocks run along
-the row in vectors; the reductions run over the row once for all ``ROWS``
-rows, whose ``ROWS`` sums are independent chains that the CPU runs side by
-side. Each sum still adds its row in order, so the results are those of the
-untuned loop nest (a sum is not vectorized: that would reassociate it). A max
-(softmax's first step) is the same in any order: it runs along the row in
-vectors, then across the last vector's lanes (softmax at batch 8 on AVX-512:
-0.12 -> 0.10 ms).
+the row in vectors. A reduction over a row of whole vectors runs along it in
+vectors (a vector of partial sums, or maxima, per row), then across the last
+vector's lanes; the ``ROWS`` rows' reductions are independent chains that the
+CPU runs side by side. A max is the same in any order; a sum in vectors adds
+in another order than the untuned loop nest, a rounding apart (within 1e-4 of
+TF, the goal of every default schedule): softmax at batch 8 on AVX-512 went
+from 0.12 to 0.10 ms with the max in vectors, the transformer block's layer
+norms' means from 54 to 7 µs and softmax to 0.06 ms with the sums too.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def schedule_rows(sch: Any, target: Any) -> Any:
         if [int(sch.get(loop).extent) for loop in sch.get_loops(block)[:rows]] != row_extents:
             return None
     lanes = vector_lanes(target)
-    in_vectors = _max_in_vectors(sch, reductions, lanes)
+    in_vectors = _in_vectors(sch, reductions, lanes)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     # The rows taken side by side: a part of the innermost row axis that is
     # not 1 (a mean keeps a last axis of 1). That axis alone is split, so that
@@ -128,18 +129,18 @@ def _reads_along_rows(block: Any) -> bool:
     return True
 
 
-def _max_in_vectors(sch: Any, reductions: list[Any], lanes: int) -> set[str]:
-    """Splits each max (or min) over a row of whole vectors into a max of
+def _in_vectors(sch: Any, reductions: list[Any], lanes: int) -> set[str]:
+    """Splits each sum, max or min over a row of whole vectors into one of
     vectors along the row (rfactor: a block whose lanes are data parallel,
-    which runs in vectors) and a max across the last vector's lanes. A max is
-    the same in any order, unlike a sum; the names of the vector blocks."""
+    which runs in vectors) and one across the last vector's lanes; the names
+    of the vector blocks."""
     in_vectors = set()
     for block in reductions:
         stmt = sch.get(block)
         store = stmt.body
         row = sch.get_loops(block)[-1]
         extent = int(sch.get(row).extent)
-        if (not isinstance(store, tirx.BufferStore) or not isinstance(store.value, (tirx.Max, tirx.Min))
+        if (not isinstance(store, tirx.BufferStore) or not isinstance(store.value, (tirx.Max, tirx.Min, tirx.Add))
                 or extent % lanes or extent <= lanes):
             continue
         _, across = sch.split(row, [None, lanes])
