@@ -242,6 +242,53 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
     assert out["x86-64-v4"] == {"512x128": [4, 64], "1x512": [1, 256], "8x10": [8, 10], "6x100": None}, out
 
 
+#: Run on the TVM Python: a dense layer at batch 1 (256 -> 1000, a
+#: classifier's width) whose weight is a constant, and one whose weight is an
+#: input, through compile_model's CPU pipeline for SSE (1000 is whole vectors
+#: of 4): the ranks of the product's parameters (3 for a weight packed at
+#: compile time) and the largest error against numpy, relative to the largest.
+_DENSE_WEIGHTS = """
+import json, sys
+import numpy as np, tvm
+from tvm import relax
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm import compile_model
+target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})
+rng, out = np.random.default_rng(0), {}
+x, w = (rng.standard_normal(shape).astype("float32") for shape in ((1, 256), (256, 1000)))
+for weights in ("constant", "input"):
+    xv, wv = relax.Var("x", relax.TensorType((1, 256), "float32")), relax.Var("w", relax.TensorType((256, 1000), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [xv] if weights == "constant" else [xv, wv]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.matmul(xv, relax.const(w) if weights == "constant" else wv)))
+        bb.emit_func_output(y)
+    lowered = compile_model.cpu_pipeline(target)(bb.get())
+    ranks = [[len(p.shape) for p in f.params] for g, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in g.name_hint]
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
+                              tvm.cpu())
+    got = vm["main"](*map(tvm.runtime.tensor, [x] if weights == "constant" else [x, w])).numpy()
+    out[weights] = {"ranks": ranks, "error": float(np.abs(got - x @ w).max() / np.abs(x @ w).max())}
+print(json.dumps(out))
+"""
+
+
+def test_dense_weights_that_are_constants_are_packed_at_compile_time() -> None:
+    """A constant dense weight is repacked once, when the library is compiled,
+    so that each column tile reads its weights as one stream: the product
+    takes it as a 3-D constant ([N / tile][K][tile]). A weight that is an input
+    is read in place (2-D). The values are numpy's either way."""
+    result = subprocess.run([TVM_PYTHON, "-c", _DENSE_WEIGHTS, str(TVM_PACKAGE.parent)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    # (A, B, C) of the product; a constant's repacking, (B, packed B), is a
+    # function of its own that FoldConstant ran.
+    assert [2, 3, 2] in out["constant"]["ranks"] and out["input"]["ranks"] == [[2, 2, 2]], out
+    assert out["constant"]["error"] < 1e-5 and out["input"]["error"] < 1e-5, out
+
+
 #: Run on the TVM Python: softmax and a mean over rows of 64 (whole vectors
 #: on every level), scheduled by the row-reduction rule: each reduction's
 #: block along the row (rfactor's) and whether its innermost loop is a vector,

@@ -26,7 +26,7 @@ from typing import Any
 from tvm import s_tir, sym, tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule, has_reduction
+from .rule import Rule, has_reduction, is_constant
 
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
@@ -126,7 +126,7 @@ class ConvNHWC(Rule):
             # (1.5-3x on ResNet50's late layers); packed, one contiguous stream.
             index = _read_index(sch.get(conv), shape.weight)
             pack = sch.cache_read(conv, index, "global")
-            if _constant(sch, shape.weight):
+            if is_constant(sch, shape.weight):
                 # A weight of the model: packed whole, as [OC / tile][KH][KW][IC][tile],
                 # by a block that SplitLayoutRewritePreproc takes out of the
                 # function and FoldConstant runs at compile time
@@ -191,16 +191,6 @@ def _reached(sch: Any, block: Any, step: Any) -> set[str]:
                 seen.add(_name(sch, other))
                 todo.append(other)
     return seen
-
-
-def _constant(sch: Any, buffer: Any) -> bool:
-    """Whether ``buffer`` is a parameter of the function for which its
-    callers pass a constant (a weight of the model, not an input): those that
-    relax.transform.AttachAttrLayoutFreeBuffers lists in the function's
-    ``layout_free_buffers``."""
-    func = sch.mod["main"]
-    free = func.attrs.get("layout_free_buffers") if func.attrs else None
-    return any(buffer.same_as(func.params[int(i)]) for i in free or ())
 
 
 @dataclasses.dataclass

@@ -13,6 +13,9 @@ columns of C stay in vector registers while k runs, the ``nt`` columns are
 broadcast once per k. Each output's sum still runs over k in order, so results
 are those of the untuned loop nest. The epilogue runs on each tile as it is
 finished, from the tile, instead of on a whole output written and read back.
+A dense layer's weight, a constant of the model, is repacked at compile time
+so that each column tile reads its weights as one stream (MobileNetV2's
+1280 x 1000 classifier at batch 1: 154 to 110-124 µs).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule
+from .rule import Rule, is_constant
 
 #: Most rows of C in one register tile: more does not cut loads further and
 #: makes the unrolled body long.
@@ -147,6 +150,17 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
         copy = sch.cache_read(block, transposed, "global")
         sch.transform_layout(block, ("read", transposed), lambda *i: (*i[:-2], i[-1], i[-2]))
 
+    b_index, b_buffer = _weight(sch, stmt, shape)
+    if b_buffer is not None and n % nt == 0 and is_constant(sch, b_buffer):
+        # A dense layer's weight (K, N), a constant of the model: packed once,
+        # at compile time (the conv rule's way: SplitLayoutRewritePreproc and
+        # FoldConstant), as [N / nt][K][nt], so that each column tile's
+        # weights are one contiguous stream. In (K, N) a tile reads nt floats
+        # a row apart, a row of a classifier being 4 KB, where the prefetcher
+        # stops at each page.
+        pack = sch.cache_read(block, b_index, "global")
+        sch.transform_layout(block, ("read", b_index), lambda k, j: (j // nt, k, j % nt))
+        sch.annotate(pack, "meta_schedule.layout_rewrite_preproc", True)
     mo, mi = sch.split(loops[row], [None, mt])
     no, ni = sch.split(loops[col], [None, nt])
     outer = [loops[i] for i in batch] + [mo, no]
@@ -176,6 +190,21 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     sch.vectorize(ni)
     sch.decompose_reduction(block, loops[red])
     return sch
+
+
+def _weight(sch: Any, stmt: Any, shape: tuple[list[int], list[int], int, int, int | None]) -> tuple[int, Any]:
+    """Where ``stmt`` (a matrix product of ``_product_axes``' ``shape``) reads
+    B, and B's buffer when it is a 2-D (K, N) matrix read whole (a dense
+    layer's weight), else None."""
+    _, _, col, red, transposed = shape
+    if transposed is not None:
+        return transposed, None
+    j, k = stmt.iter_vars[col].var, stmt.iter_vars[red].var
+    for index, read in enumerate(stmt.reads):
+        region = read.region
+        if len(region) == 2 and region[0].min.same_as(k) and region[1].min.same_as(j):
+            return index, read.source
+    return -1, None
 
 
 def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], int, int, int | None] | None:

@@ -1,5 +1,6 @@
 """What every default CPU schedule rule shares: the functions it is offered,
-and that a refusal leaves the function to the fallback schedule."""
+that a refusal leaves the function to the fallback schedule, and which
+buffers are the model's constants."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ class Rule(CPUScheduleRule):
 def has_reduction(block: Any) -> bool:
     """Whether a block (its statement) reduces over some variable."""
     return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
+
+
+def is_constant(sch: Any, buffer: Any) -> bool:
+    """Whether ``buffer`` is a parameter of the function for which its callers
+    pass a constant (a weight of the model, not an input): those that
+    relax.transform.AttachAttrLayoutFreeBuffers lists in the function's
+    ``layout_free_buffers``. A schedule may repack such a buffer once, at
+    compile time: compile_model.cpu_pipeline runs the blocks it marks
+    ``meta_schedule.layout_rewrite_preproc`` there."""
+    func = sch.mod["main"]
+    free = func.attrs.get("layout_free_buffers") if func.attrs else None
+    return any(buffer.same_as(func.params[int(i)]) for i in free or ())
