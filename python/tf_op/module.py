@@ -405,8 +405,11 @@ class Func(tf.Module):
         compiled model (about 10 of 35 µs)."""
         eager = tf.executing_eagerly()
         key = inputs[0].dtype if inputs and None in self._outputs.dtypes else None
-        if eager and (attrs := self._eager.attrs.get(key)) is not None:
-            return [], attrs
+        # No assignment expression here: AutoGraph, which converts what a
+        # tf.function calls, cannot read one and warns.
+        made = self._eager.attrs.get(key) if eager else None
+        if made is not None:
+            return [], made
         dtypes = []
         for i, dtype in enumerate(self.output_dtypes):
             if dtype is None and not inputs:

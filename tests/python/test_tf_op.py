@@ -163,6 +163,22 @@ def test_eager_calls_make_the_ops_arguments_once(mod: tf_op.Module, monkeypatch:
     assert made == ["row_sum", "add_one", "add_one_i64", "add_one_i64", "row_sum", "row_sum", "row_sum"]
 
 
+def test_functions_traced_by_tf_function_convert_without_autograph_warnings(testlib: str) -> None:
+    """AutoGraph converts what a tf.function calls, the op's Python among it: a
+    construct it cannot read (an assignment expression) makes it warn the user
+    of code that is not theirs."""
+    done = run_python(textwrap.dedent("""
+        import sys
+        import numpy as np, tensorflow as tf
+        import tf_op
+        row_sum = tf_op.Module(sys.argv[1]).func("row_sum", output_shape=[2])
+        print(tf.function(row_sum)(tf.constant(np.ones((2, 3), np.float32))).numpy().tolist())
+    """), testlib)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[3.0, 3.0]"
+    assert "AutoGraph" not in done.stderr, done.stderr[-2000:]
+
+
 def test_misaligned_buffers_are_copied_with_right_values(mod: tf_op.Module) -> None:
     # TF aligns buffers to 64 bytes; asking for 4096 forces the scratch copies of
     # inputs and output and the copy back.
