@@ -155,7 +155,8 @@ def results_part(r: Results) -> str:
 
 def peers_rows(r: Results) -> tuple[list[str], list[tuple[str, str]]]:
     """The peers' engines that ran (the tuned one only with --tune) and (model, key prefix) of each row."""
-    engines = [e for e in PEERS_ENGINES if not e.startswith("tvm_tuned") or r.get("peers_tune_trials")]
+    tuned = bool(r.get("peers_tune_trials"))
+    engines = [e for e in PEERS_ENGINES if tuned or not e.startswith("tvm_tuned")]
     return engines, [(f"{m} b{b}", f"peers_{m}_b{b}_") for m in str(r["peers_models"]).split(",") for b in PEERS_MODELS[m]]
 
 

@@ -257,7 +257,8 @@ target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"})
 rng, out = np.random.default_rng(0), {}
 x, w = (rng.standard_normal(shape).astype("float32") for shape in ((1, 256), (256, 1000)))
 for weights in ("constant", "input"):
-    xv, wv = relax.Var("x", relax.TensorType((1, 256), "float32")), relax.Var("w", relax.TensorType((256, 1000), "float32"))
+    xv = relax.Var("x", relax.TensorType((1, 256), "float32"))
+    wv = relax.Var("w", relax.TensorType((256, 1000), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [xv] if weights == "constant" else [xv, wv]):
         with bb.dataflow():

@@ -105,7 +105,8 @@ class CompiledFunction(tf.Module):
         tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
-        compiled = state.compiled.get(tuple(tuple(t.shape) for t in tensors)) if tf.executing_eagerly() else None
+        shapes_now = tuple(tuple(t.shape) for t in tensors) if tf.executing_eagerly() else None
+        compiled = state.compiled.get(shapes_now) if shapes_now is not None else None
         if compiled is not None:
             run = functools.partial(self._run, compiled)
             return self._recorded(run, tensors) if record.could_possibly_record() else run(tensors)
