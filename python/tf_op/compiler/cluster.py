@@ -224,7 +224,7 @@ def concrete_function(fdef: function_pb2.FunctionDef, inputs: Sequence[dict[str,
     renamed = unroll.unroll(graph_def, {arg.name: spec for arg, spec in zip(fdef.signature.input_arg, specs)})
     arg_names = [f"{arg.name}:0" for arg in fdef.signature.input_arg]
     out_names = unroll.rename([names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg], renamed)
-    return unroll.function_of(graph_def, arg_names, out_names, specs)
+    return unroll.function_of(graph_def, arg_names, out_names, specs, scope="cluster")
 
 
 def compile_cluster(name: str, library: function_pb2.FunctionDefLibrary, inputs: Sequence[dict[str, Any]],

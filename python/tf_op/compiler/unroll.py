@@ -57,16 +57,17 @@ def unrolled(concrete: Any) -> Any:
     if not renamed:
         return concrete
     return function_of(graph_def, [t.name for t in frozen.inputs],
-                       rename([t.name for t in frozen.outputs], renamed), specs)
+                       rename([t.name for t in frozen.outputs], renamed), specs, scope="unrolled")
 
 
 def function_of(graph_def: graph_pb2.GraphDef, inputs: Sequence[str], outputs: Sequence[str],
-                specs: Sequence[tf.TensorSpec]) -> Any:
+                specs: Sequence[tf.TensorSpec], scope: str) -> Any:
     """``graph_def`` as a ConcreteFunction of ``specs``: each fed to its tensor
-    of ``inputs``, the tensors ``outputs`` returned."""
+    of ``inputs``, the tensors ``outputs`` returned. Its ops are named under
+    ``scope``, which the compile errors that name an op show."""
     def body(*args: tf.Tensor) -> list[tf.Tensor]:
         return tf.graph_util.import_graph_def(graph_def, input_map=dict(zip(inputs, args)),
-                                              return_elements=list(outputs), name="cluster")
+                                              return_elements=list(outputs), name=scope)
 
     return tf.function(body).get_concrete_function(*specs)
 
