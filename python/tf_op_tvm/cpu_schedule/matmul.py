@@ -150,16 +150,16 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
         copy = sch.cache_read(block, transposed, "global")
         sch.transform_layout(block, ("read", transposed), lambda *i: (*i[:-2], i[-1], i[-2]))
 
-    b_index, b_buffer = _weight(sch, stmt, shape)
-    if b_buffer is not None and n % nt == 0 and is_constant(sch, b_buffer):
+    weight = _dense_weight(stmt, shape)
+    if weight is not None and n % nt == 0 and is_constant(sch, stmt.reads[weight].source):
         # A dense layer's weight (K, N), a constant of the model: packed once,
         # at compile time (the conv rule's way: SplitLayoutRewritePreproc and
         # FoldConstant), as [N / nt][K][nt], so that each column tile's
         # weights are one contiguous stream. In (K, N) a tile reads nt floats
         # a row apart, a row of a classifier being 4 KB, where the prefetcher
         # stops at each page.
-        pack = sch.cache_read(block, b_index, "global")
-        sch.transform_layout(block, ("read", b_index), lambda k, j: (j // nt, k, j % nt))
+        pack = sch.cache_read(block, weight, "global")
+        sch.transform_layout(block, ("read", weight), lambda k, j: (j // nt, k, j % nt))
         sch.annotate(pack, "meta_schedule.layout_rewrite_preproc", True)
     mo, mi = sch.split(loops[row], [None, mt])
     no, ni = sch.split(loops[col], [None, nt])
@@ -192,19 +192,15 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     return sch
 
 
-def _weight(sch: Any, stmt: Any, shape: tuple[list[int], list[int], int, int, int | None]) -> tuple[int, Any]:
+def _dense_weight(stmt: Any, shape: tuple[list[int], list[int], int, int, int | None]) -> int | None:
     """Where ``stmt`` (a matrix product of ``_product_axes``' ``shape``) reads
-    B, and B's buffer when it is a 2-D (K, N) matrix read whole (a dense
-    layer's weight), else None."""
+    B, when B is a 2-D (K, N) matrix (a dense layer's weight); else None."""
     _, _, col, red, transposed = shape
     if transposed is not None:
-        return transposed, None
+        return None
     j, k = stmt.iter_vars[col].var, stmt.iter_vars[red].var
-    for index, read in enumerate(stmt.reads):
-        region = read.region
-        if len(region) == 2 and region[0].min.same_as(k) and region[1].min.same_as(j):
-            return index, read.source
-    return -1, None
+    return next((i for i, read in enumerate(stmt.reads) if len(read.region) == 2
+                 and read.region[0].min.same_as(k) and read.region[1].min.same_as(j)), None)
 
 
 def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], int, int, int | None] | None:

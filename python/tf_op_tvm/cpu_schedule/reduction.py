@@ -29,7 +29,7 @@ from typing import Any
 from tvm import tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule
+from .rule import Rule, has_reduction
 
 #: Rows reduced side by side: enough independent additions to cover an add's
 #: latency (4 cycles) on two ports.
@@ -48,10 +48,6 @@ class RowReduction(Rule):
         return schedule_rows(sch, target)
 
 
-def _is_reduction(sch: Any, block: Any) -> bool:
-    return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars)
-
-
 def _leading_spatial(sch: Any, block: Any) -> int:
     kinds = [int(v.iter_type) for v in sch.get(block).iter_vars]
     return next((i for i, kind in enumerate(kinds) if kind != tirx.IterVar.DataPar), len(kinds))
@@ -63,8 +59,8 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     block that reduces, blocks whose loops are not one per block variable, or
     blocks that do not share their leading (row) axes."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reductions = [b for b in blocks if _is_reduction(sch, b)]
-    if not reductions or _is_reduction(sch, blocks[-1]):
+    reductions = [b for b in blocks if has_reduction(sch.get(b))]
+    if not reductions or has_reduction(sch.get(blocks[-1])):
         return None
     for block in blocks:
         stmt, loops = sch.get(block), sch.get_loops(block)
@@ -104,7 +100,7 @@ def schedule_rows(sch: Any, target: Any) -> Any:
             sch.reorder(along, across)
             sch.vectorize(across)
             sch.decompose_reduction(block, along)
-        elif _is_reduction(sch, block):
+        elif has_reduction(sch.get(block)):
             _reduce_side_by_side(sch, block, inner)
         else:
             _vectorize_row(sch, inner, lanes)
