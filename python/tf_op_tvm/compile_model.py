@@ -44,7 +44,6 @@ import fcntl
 import importlib.metadata
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
@@ -56,12 +55,12 @@ from typing import Any
 
 if __package__:
     from tf_op_tvm import cpu_schedule, math_lowering, weight_layouts
-    from tf_op_tvm.cpu_schedule.lanes import PARALLEL_MIN_WORK
+    from tf_op_tvm.cpu_schedule.fallback import channel_innermost, parallel_elementwise
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import cpu_schedule
     import math_lowering
     import weight_layouts
-    from cpu_schedule.lanes import PARALLEL_MIN_WORK
+    from cpu_schedule.fallback import channel_innermost, parallel_elementwise
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
 #: and the flags /proc/cpuinfo lists for them. Other LLVM features (tuning hints,
@@ -513,82 +512,6 @@ def cpu_pipeline(target: Any) -> Any:
                 *cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)])(mod)
 
     return pipeline
-
-
-def channel_innermost(sch: Any, block: Any) -> bool:
-    """Moves the loop over ``block``'s output's last dimension inside its
-    reduction loops, where every input that it indexes, it indexes in the last
-    dimension too, or in one followed by dimensions of 1 (NHWC convolutions,
-    depthwise too, and pooling, matmul against a (K, N) weight, channel-wise
-    means); False for any other block, which it leaves as it was. Each output
-    element's sum runs in the same order as before, so the results are the same."""
-    from tvm import s_tir, tirx
-
-    stmt = sch.get(block)
-    kinds = [int(v.iter_type) for v in stmt.iter_vars]
-    if set(kinds) != {tirx.IterVar.DataPar, tirx.IterVar.CommReduce} or len(stmt.writes) != 1:
-        return False
-    loops = sch.get_loops(block)[-len(kinds):]
-    realize = sch.get(loops[-1]).body if len(loops) == len(kinds) else None
-    if (not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
-        return False  # not one loop per block variable, in order: TOPI's plain nests are
-    channel = next((i for i, v in enumerate(stmt.iter_vars) if kinds[i] == tirx.IterVar.DataPar
-                    and v.var.same_as(stmt.writes[0].region[-1].min)), None)
-    reductions = [i for i, kind in enumerate(kinds) if kind == tirx.IterVar.CommReduce]
-    if channel is None or channel > reductions[-1]:
-        return False
-    var = stmt.iter_vars[channel].var
-    for read in stmt.reads:  # the channel's stride in each input it indexes must be 1
-        dims = [d for d, r in enumerate(read.region)
-                if any(v.same_as(var) for v in tirx.analysis.undefined_vars(r.min))]
-        shape = list(getattr(read.source, "shape", None) or [])  # source: the read buffer
-        if len(dims) > 1 or (dims and (len(shape) != len(read.region) or any(
-                not isinstance(n, tirx.IntImm) or int(n) != 1 for n in shape[dims[0] + 1:]))):
-            return False
-    try:
-        sch.reorder(*(loop for i, loop in enumerate(loops) if i != channel), loops[channel])
-        # The output's other dimensions, now outermost, spread over TVM's threads
-        # (before decompose_reduction, which puts the init block under them).
-        parallel_outer(sch, [loop for i, loop in enumerate(loops[:reductions[0]]) if i != channel], loops)
-        sch.decompose_reduction(block, loops[reductions[0]])
-    except s_tir.ScheduleError:  # a failed primitive changes nothing; what succeeded before it is correct
-        return False
-    return True
-
-
-
-def parallel_outer(sch: Any, outer: list[Any], nest: list[Any]) -> None:
-    """Fuses the loops ``outer`` (adjacent, outermost of the loop nest ``nest``,
-    each a data-parallel dimension) into one that runs on TVM's threads
-    (``TVM_NUM_THREADS``), when ``nest`` does enough work for it to pay. The
-    schedule shows what it did (the caller counts parallel loops there)."""
-    from tvm import tirx
-
-    extents = [sch.get(loop).extent for loop in nest]
-    if not outer or not all(isinstance(n, tirx.IntImm) for n in extents):
-        return
-    if math.prod(int(n) for n in extents) < PARALLEL_MIN_WORK or all(int(sch.get(loop).extent) == 1 for loop in outer):
-        return
-    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-
-
-def parallel_elementwise(sch: Any, block: Any) -> None:
-    """All but the innermost loop of an elementwise ``block`` (no reduction, one
-    loop per block variable) on TVM's threads, the innermost left to LLVM's
-    vectorizer; any other block is left as it was."""
-    from tvm import s_tir, tirx
-
-    stmt = sch.get(block)
-    if any(int(v.iter_type) != tirx.IterVar.DataPar for v in stmt.iter_vars) or len(stmt.iter_vars) < 2:
-        return
-    loops = sch.get_loops(block)
-    if len(loops) != len(stmt.iter_vars):
-        return
-    try:
-        parallel_outer(sch, loops[:-1], loops)
-    except s_tir.ScheduleError:  # e.g. a loop whose variable also indexes a reduction elsewhere
-        pass
 
 
 #: What MetaSchedule imports only when it tunes (tf_op's ``tune`` extra).

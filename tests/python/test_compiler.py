@@ -446,7 +446,7 @@ _CHANNEL_INNERMOST = """
 import sys
 from tvm import s_tir, te
 sys.path.insert(0, sys.argv[1])
-from tf_op_tvm.compile_model import channel_innermost
+from tf_op_tvm.cpu_schedule.fallback import channel_innermost
 for layout in ("kn", "nk"):
     x, k = te.placeholder((4, 16), name="x"), te.reduce_axis((0, 16), name="k")
     w = te.placeholder((16, 8) if layout == "kn" else (8, 16), name="w")

@@ -1,7 +1,7 @@
 """Default CPU schedules for an untuned compile: dlight rules, tried in order on
 each of the model's loop nests (PrimFuncs) by ``ApplyDefaultSchedule``; the
 first rule that recognises a function schedules it. A function no rule takes
-keeps ``compile_model.channel_innermost``, the fallback for every loop nest.
+keeps the fallback schedule, ``fallback.channel_innermost``.
 
 Each module holds the rules for one family of loop nests; ``lanes`` says how
 wide the target's vectors are."""

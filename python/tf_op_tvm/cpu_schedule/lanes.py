@@ -20,5 +20,5 @@ def vector_lanes(target: Any, bits: int = 32) -> int:
 
 #: The least work (iterations of a loop nest) worth splitting over TVM's
 #: threads: waking them costs microseconds, a few times what this takes. The
-#: fallback schedule (compile_model.channel_innermost) uses it too.
+#: fallback schedule (fallback.channel_innermost) uses it too.
 PARALLEL_MIN_WORK = 1 << 18

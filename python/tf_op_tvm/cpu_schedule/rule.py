@@ -14,7 +14,7 @@ class Rule(CPUScheduleRule):
     """A rule for llvm targets: ``schedule`` takes a PrimFunc's schedule and
     returns it scheduled, or None for a function it does not recognise. A
     primitive that refuses (a nest the rule misread) leaves the function
-    unscheduled, as None does: ``compile_model.channel_innermost`` takes it."""
+    unscheduled, as None does: ``fallback.channel_innermost`` takes it."""
 
     def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
