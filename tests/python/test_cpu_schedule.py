@@ -62,6 +62,19 @@ def _classifier() -> keras.Model:
                              keras.layers.Dense(1000)])
 
 
+def _squeeze_excite() -> keras.Model:
+    """EfficientNet's squeeze-and-excitation: a swish expansion, a gate from its
+    pooled channels (two 1x1 convolutions, swish then sigmoid), and the
+    expansion times the gate. 48 channels: whole vectors on every level."""
+    keras.utils.set_random_seed(4)
+    x = keras.Input((14, 14, 16))
+    h = keras.layers.Conv2D(48, 1, activation="swish")(x)
+    g = keras.layers.GlobalAveragePooling2D(keepdims=True)(h)
+    g = keras.layers.Conv2D(8, 1, activation="swish")(g)
+    g = keras.layers.Conv2D(48, 1, activation="sigmoid")(g)
+    return keras.Model(x, keras.layers.Multiply()([h, g]))
+
+
 def _stateless(model: keras.Model, shape: tuple[int, ...]) -> tuple[Any, list[tf.TensorSpec], list[np.ndarray]]:
     """``model`` as a function of its input and its weights (Keras 3's
     ``stateless_call``), that function's signature, and the weights' values:
@@ -87,8 +100,9 @@ def _assert_close(got: np.ndarray, want: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("make_model, shape", [(_transformer, (64, 128)), (_lstm, (32, 16)), (_mlp, (100,))],
-                         ids=["transformer", "lstm", "mlp"])
+@pytest.mark.parametrize("make_model, shape", [(_transformer, (64, 128)), (_lstm, (32, 16)), (_mlp, (100,)),
+                                               (_squeeze_excite, (14, 14, 16))],
+                         ids=["transformer", "lstm", "mlp", "squeeze_excite"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_scheduled_models_match_keras(make_model, shape: tuple[int, ...], batch: int,
                                       target: dict[str, str], tmp_path: Path) -> None:
@@ -161,6 +175,16 @@ def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:
     taken = _rules_taken(_lstm(), (8, 32, 16), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
     assert sorted(name for name, rule in taken.items() if rule == "Matmul") == [
         "fused_matmul1_add_add1", "matmul", "matmul2"], taken
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gated_elementwise_takes_the_squeeze_excitation_gate(target: dict[str, str], tmp_path: Path) -> None:
+    """The gate's last function (its 8 to 48 convolution, the sigmoid, and the
+    expansion times the gate) is GatedElementwise's: the gate stays a loop
+    nest of its own, computed once, not once per pixel."""
+    taken = _rules_taken(_squeeze_excite(), (1, 14, 14, 16), target, tmp_path)
+    gated = [name for name, rule in taken.items() if rule == "GatedElementwise"]
+    assert len(gated) == 1 and "sigmoid" in gated[0] and "multiply" in gated[0], taken
 
 
 @pytest.mark.parametrize("target", TARGETS)
