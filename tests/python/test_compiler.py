@@ -465,6 +465,41 @@ def test_channel_innermost_moves_only_a_contiguous_channel() -> None:
     assert result.stdout.splitlines() == ["kn True i k j", "nk False i j k"]
 
 
+#: Run on the TVM Python: channel_innermost on a classifier's product at batch 1
+#: (one output row), built and run against numpy.
+_CHANNEL_CHUNKS = """
+import sys
+import numpy as np, tvm
+from tvm import s_tir, te, tirx
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm.cpu_schedule.fallback import channel_innermost
+x, w, k = te.placeholder((1, 512), name="x"), te.placeholder((512, 1000), name="w"), te.reduce_axis((0, 512), name="k")
+y = te.compute((1, 1000), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="y")
+sch = s_tir.Schedule(te.create_prim_func([x, w, y]))
+assert channel_innermost(sch, sch.get_sblock("y"))
+for loop in sch.get_loops(sch.get_sblock("y_update")):
+    print(int(sch.get(loop).extent), "parallel" if sch.get(loop).kind == tirx.ForKind.PARALLEL else "serial")
+rng = np.random.default_rng(0)
+xs, ws = rng.standard_normal((1, 512)).astype("float32"), rng.standard_normal((512, 1000)).astype("float32")
+out = tvm.runtime.tensor(np.zeros((1, 1000), "float32"))
+tvm.compile(sch.mod, target="llvm")(tvm.runtime.tensor(xs), tvm.runtime.tensor(ws), out)
+print(float(np.abs(out.numpy() - xs.astype("float64") @ ws).max()))
+"""
+
+
+def test_a_product_with_one_row_shares_its_columns_between_threads() -> None:
+    """A classifier's product at batch 1 has no output dimension but its
+    columns to share out: the fallback runs 8 runs of 125 columns on TVM's
+    threads, each summing over the whole reduction, and the values are
+    numpy's."""
+    result = subprocess.run([TVM_PYTHON, "-c", _CHANNEL_CHUNKS, str(TVM_PACKAGE.parent)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    *loops, error = result.stdout.splitlines()
+    assert loops == ["8 parallel", "1 serial", "512 serial", "125 serial"], result.stdout
+    assert float(error) < 1e-3, error
+
+
 #: Run on the TVM Python: exp and log of float32 through the worker's lowering,
 #: for a target, in loops LLVM vectorizes and in ones scheduled as vectors (as
 #: MetaSchedule's are), against numpy in float64, in ulps of the float32
