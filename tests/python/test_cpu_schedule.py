@@ -361,6 +361,48 @@ def test_row_reductions_sum_and_take_maxima_in_vectors() -> None:
     assert all(v["error"] < 1e-6 for v in out.values()), out
 
 
+#: Run on the TVM Python: softmax over rows of several sizes, scheduled by the
+#: row-reduction rule: whether it ran the rows on TVM's threads (or refused:
+#: null), and the largest error against numpy, relative to the largest value.
+_PARALLEL_ROWS = """
+import json, sys
+import numpy as np, tvm
+from tvm import te, tirx, topi
+sys.path.insert(0, sys.argv[1])
+from cpu_schedule import reduction
+target, out = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64"}), {}
+for rows, length in ((48, 64), (1024, 64), (256, 256), (2048, 256)):
+    x = te.placeholder((rows, length), name="x")
+    sch = reduction.RowReduction().apply(te.create_prim_func([x, topi.nn.softmax(x)]), target, False)
+    if sch is None:
+        out[f"{rows}x{length}"] = None
+        continue
+    data = np.random.default_rng(0).standard_normal((rows, length)).astype("float32") * 4
+    want = np.exp(data) / np.exp(data).sum(1, keepdims=True)
+    got = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+    tvm.compile(sch.mod, target=target)(tvm.runtime.tensor(data), got)
+    loops = [sch.get(loop) for block in sch.get_child_blocks(sch.get_sblock("root")) for loop in sch.get_loops(block)]
+    out[f"{rows}x{length}"] = {"parallel": any(loop.kind == tirx.ForKind.PARALLEL for loop in loops),
+                               "error": float(np.abs(got.numpy() - want).max() / np.abs(want).max())}
+print(json.dumps(out))
+"""
+
+
+def test_row_reductions_with_work_for_two_threads_run_on_them() -> None:
+    """Softmax of 64K elements or more runs its rows on TVM's threads, where a
+    few rows' exponentials fit on a task's stack (rows of 64); rows of 256
+    (1 KiB) do not, and run on one thread, or, with work enough for the
+    fallback's threads (512K), are the fallback's. Values within float32
+    rounding of numpy's."""
+    result = subprocess.run([TVM_PYTHON, "-c", _PARALLEL_ROWS, str(TVM_PACKAGE)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert {shape: cell and cell["parallel"] for shape, cell in out.items()} == {
+        "48x64": False, "1024x64": True, "256x256": False, "2048x256": None}, out
+    assert all(cell["error"] < 1e-6 for cell in out.values() if cell), out
+
+
 #: Run on the TVM Python: float32 erf through the worker's lowering, scalar and
 #: in vectors, against math.erf in float64 (in ulps of the float32 result);
 #: float64 keeps libm's erf.

@@ -35,6 +35,14 @@ from .rule import Rule, has_reduction
 #: latency (4 cycles) on two ports.
 ROWS = 8
 
+#: TVM (0.27) puts a buffer allocated in a task on the stack below this many
+#: bytes (``kMaxStackAlloca``), else it allocates it per task from the heap.
+STACK_BYTES = 1024
+
+#: The least work for which a row reduction whose buffers fit on the stack runs
+#: on TVM's threads: softmax at batch 8 (131072 elements) went from 44 to 25 µs.
+PARALLEL_ROWS_MIN_WORK = 1 << 15
+
 
 def rules(target: Any) -> list[Any]:
     return [RowReduction()]
@@ -89,12 +97,32 @@ def schedule_rows(sch: Any, target: Any) -> Any:
     # not 1 (a mean keeps a last axis of 1). That axis alone is split, so that
     # each block's indices stay affine in the loops, as decompose_reduction needs.
     axis = max((i for i, n in enumerate(row_extents) if n > 1), default=rows - 1)
-    side_by_side = max(d for d in range(1, ROWS + 1) if row_extents[axis] % d == 0)
+    work = math.prod(int(sch.get(loop).extent) for loop in loops)
+    # A row's elementwise results (softmax's exponentials) are kept for the
+    # rows side by side, in a buffer under the loop over them. Run on TVM's
+    # threads, that buffer is allocated by each task: on its stack under
+    # STACK_BYTES, else through TVMBackendAllocWorkspace. So a reduction with
+    # work enough for two threads takes fewer rows side by side where that puts
+    # the buffer on the stack, and runs in parallel.
+    row_bytes = 4 * math.prod(int(sch.get(loop).extent) for loop in loops[rows:]) if any(
+        not has_reduction(sch.get(b)) for b in blocks[:-1]) else 0
+    fit = [d for d in range(1, ROWS + 1) if row_extents[axis] % d == 0 and d * row_bytes < STACK_BYTES]
+    if work >= PARALLEL_MIN_WORK and not fit:
+        return None  # too much for one thread, rows too long for the stack: the fallback's
+    parallel = work >= PARALLEL_ROWS_MIN_WORK and bool(fit)
+    side_by_side = max(fit) if parallel else max(d for d in range(1, ROWS + 1) if row_extents[axis] % d == 0)
     outer, _ = sch.split(loops[axis], [None, side_by_side])
     for block in reversed(blocks[:-1]):
         sch.compute_at(block, outer, preserve_unit_loops=True)
+    shared = axis + 1  # the loops every block is under: the rows' and the groups of side_by_side
+    if parallel:
+        # before decompose_reduction, to which a reduction without its init
+        # seems to carry a dependence between iterations
+        rows_loops = sch.get_loops(last)[:shared]
+        sch.parallel(sch.fuse(*rows_loops) if len(rows_loops) > 1 else rows_loops[0])
+        shared = 1
     for block in blocks:
-        inner = sch.get_loops(block)[axis + 1:]
+        inner = sch.get_loops(block)[shared:]
         if sch.get(block).name_hint in in_vectors:
             *_, across, along = inner  # the vector's lanes, then the steps along the row
             sch.reorder(along, across)
@@ -104,10 +132,6 @@ def schedule_rows(sch: Any, target: Any) -> Any:
             _reduce_side_by_side(sch, block, inner)
         else:
             _vectorize_row(sch, inner, lanes)
-    work = math.prod(int(sch.get(loop).extent) for loop in sch.get_loops(last))
-    if work >= PARALLEL_MIN_WORK:
-        outer_loops = sch.get_loops(last)[:axis + 1]
-        sch.parallel(sch.fuse(*outer_loops) if len(outer_loops) > 1 else outer_loops[0])
     return sch
 
 
