@@ -51,6 +51,8 @@ PEERS_ENGINES: Final = {"tf": "TF graph", "xla": "XLA (jit_compile)", "tflite": 
                         "ort": "ONNX Runtime (tf2onnx)", "tvm": "tf_op.compile", "tvm_eager": "tf_op.compile, eager",
                         "tvm_tuned": "tf_op.compile tuned", "tvm_tuned_eager": "tf_op.compile tuned, eager",
                         "auto": "tf_op.auto"}
+#: The engines ours is compared with directly, round by round (what users would pick instead of TF).
+PEERS_RIVALS: Final = ("tflite", "ort")
 PEERS_TOLERANCE: Final = 1e-4  # of float32 engines: max |engine - TF| / max |TF|
 PEERS_CACHE: Final = BUILD_DIR / "peers_cache"  # emptied at each run
 #: TVM beside TF as the op library sets it (dsoop.c; docs/compiler.md, Threads): all CPUs, as TF's kernels; idle

@@ -6,7 +6,8 @@ that cannot take a model gets a skipped cell with the reason, never a failed sec
 Keys, ``p = peers_{model}_b{batch}_``: ``p{engine}_us`` (median over rounds), ``p{engine}_vs_tf`` (TF's
 time / the engine's in each round, median and quartiles), ``p{engine}_err`` (max |engine - TF| / max |TF|),
 ``p{engine}_first_s`` (seconds to the first output: trace, convert or compile, load, one call),
-``p{engine}_skipped`` (why there is no figure); for tf_op.auto, ``pauto_clusters`` (each cluster's status and
+``p{engine}_skipped`` (why there is no figure), ``p{tvm engine}_vs_{rival}`` (a rival's time / ours in
+each round, median, for ``PEERS_RIVALS``); for tf_op.auto, ``pauto_clusters`` (each cluster's status and
 size) and ``pauto_tvm_flops_share`` (the share of the model's convolution and matmul FLOPs in clusters kept on
 TVM).
 """
@@ -27,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_op
-from common import PEERS_CACHE, PEERS_MODELS, PEERS_TOLERANCE, ROOT, TVM_BESIDE_TF, Results
+from common import PEERS_CACHE, PEERS_MODELS, PEERS_RIVALS, PEERS_TOLERANCE, ROOT, TVM_BESIDE_TF, Results
 from timing import interleave, quartiles
 from tf_op.compiler import flops
 from tf_op.compiler.tflite_conversion import to_tflite  # tf_op's own converter settings, so TFLite runs what TVM gets
@@ -198,6 +199,9 @@ def measure(name: str, batch: int, model: keras.Model, compiled: dict[str, tf_op
         out[f"{p}{engine}_vs_tf"] = float(np.median(ratios))
         out[f"{p}{engine}_vs_tf_q1"], out[f"{p}{engine}_vs_tf_q3"] = quartiles(ratios)
         out[f"{p}{engine}_ok"] = "yes" if float(out[f"{p}{engine}_err"]) <= PEERS_TOLERANCE else "no"
+    for rival in (r for r in PEERS_RIVALS if r in calls):  # ours against each directly: TF's own noise left out
+        for engine in (e for e in calls if e.startswith("tvm")):
+            out[f"{p}{engine}_vs_{rival}"] = float(np.median(t.ratios(rival, engine)))
     print(f"peers: {name} b{batch}: " + ", ".join(f"{e} {out[p + e + '_us']:.0f} us" for e in calls), flush=True)
 
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # no display: render straight to PNG
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import (BRIDGE_MODELS, CHAIN, DEFOP_SIZE, GOALS, LARGE_KEY_SIZE, LARGE_RATIOS, LARGE_SIZES, MODEL_BATCHES,  # noqa: E402
-                    MODEL_CHAIN, PEERS_ENGINES, PEERS_MODELS, PEERS_PLOT, PEERS_TOLERANCE, PER_OP_CHAIN,
+                    MODEL_CHAIN, PEERS_ENGINES, PEERS_MODELS, PEERS_PLOT, PEERS_RIVALS, PEERS_TOLERANCE, PER_OP_CHAIN,
                     PER_OP_PERCENTILE, PY_FUNCTION_SIZE, RESULTS_MARKERS, SERVED_CALLERS, SERVED_WORKLOADS,
                     TVM_BESIDE_TF, Results, goal_met)
 
@@ -195,7 +195,28 @@ def peers_part(r: Results) -> list[str]:
         table(header, [[label, *(first(p, e) for e in engines)] for label, p in rows]),
         f"Max |engine − TF| / max |TF| (bold: over {PEERS_TOLERANCE:g})",
         table(header[:1] + header[2:], [[label, *(error(p, e) for e in engines[1:])] for label, p in rows]),
+        *rivals_part(r, engines, rows),
         *auto_part(r, rows),
+    ]
+
+
+def rivals_part(r: Results, engines: list[str], rows: list[tuple[str, str]]) -> list[str]:
+    """Ours against TFLite and ONNX Runtime directly: the rival's time / ours in each round, median (bold: ours
+    faster). TF's own noise, which the ratios to TF carry, is left out."""
+    pairs = [(e, rival) for rival in PEERS_RIVALS for e in engines if e.startswith("tvm")]
+    if not any(f"{p}{e}_vs_{rival}" in r for _, p in rows for e, rival in pairs):
+        return []  # a run from before these keys
+
+    def ratio(p: str, e: str, rival: str) -> str:
+        if f"{p}{e}_vs_{rival}" not in r:
+            return "–"
+        v = float(r[f"{p}{e}_vs_{rival}"])
+        return f"**{v:.2f}**" if v > 1 else f"{v:.2f}"
+
+    return [
+        "The rival's time / ours, round by round, median (above 1, bold: ours faster)",
+        table(["model", *(f"{PEERS_ENGINES[rival]} / {PEERS_ENGINES[e]}" for e, rival in pairs)],
+              [[label, *(ratio(p, e, rival) for e, rival in pairs)] for label, p in rows]),
     ]
 
 
