@@ -1,4 +1,4 @@
-"""exp, log and erf for TVM's CPU (llvm) code that LLVM can vectorize.
+"""exp, log, erf and sigmoid for TVM's CPU (llvm) code that LLVM can vectorize.
 
 TVM lowers ``exp`` and ``log`` on CPUs to calls of libm's ``expf`` and ``logf``,
 one element at a time: LLVM cannot vectorize a loop that calls them, and in a
@@ -8,7 +8,9 @@ of math ops at batch 32: 23 of 30 µs). TensorFlow's kernels use Eigen's polynom
 to the same Cephes polynomials Eigen uses, written as plain arithmetic on the
 float's bits, which LLVM vectorizes like any elementwise code. ``erf`` (exact
 GELU's) would be libm's ``erff`` too; it becomes the rational function Eigen
-and XLA use for float32 erf.
+and XLA use for float32 erf. ``sigmoid`` (swish's, the gates') TVM makes
+1 / (1 + exp(-x)); it becomes TF's own float32 logistic, a cheaper exp of x/2
+squared.
 
 Accuracy: within 1 ulp of the exact value for normal inputs and results, as
 libm's (tests/python/test_compiler.py measures it against numpy in float64, on a
@@ -18,6 +20,8 @@ number is NaN, ``log(inf)`` is inf. Results below the smallest normal float
 (``exp(x)`` for x < -87.34) are subnormal, as in libm, and 0 below -103.97;
 ``log`` of a subnormal input is computed after scaling it up. ``erf``: within
 8 ulps of the exact value (5e-7 absolute), ±1 for |x| >= 4 and at ±inf, NaN kept.
+``sigmoid``: within 6 ulps (test_cpu_schedule.py), 1 above 16.64, 0 below -104,
+NaN kept.
 
 Only the TVM worker (``compile_model.py``) registers it: registering changes
 how that process lowers every llvm function it compiles.
@@ -42,6 +46,11 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
              -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 _SQRT_HALF = 0.707106781186547524
+#: Eigen's logistic: above this x the rational result is 1 in float32; e^(x/2) by
+#: 1 + r + r^2 (p2 + p3 r + p4 r^2 + p5 r^3), coefficients (p4, p5, p2, p3).
+_SIGMOID_HI = 16.6355324
+_SIGMOID_POLY = (4.1898667812347412109375e-2, 8.33471305668354034423828125e-3, 0.49999141693115234375,
+                 0.16666877269744873046875)
 #: erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (float32 erf is ±1 outside), highest power first.
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
@@ -68,13 +77,15 @@ def register() -> None:
     tirx.register_intrin_lowering("tirx.log", target="llvm", f=_float32_only(vector_log), level=_LEVEL)
     tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_float32_only(vector_erf, llvm_intrinsic=False),
                                   level=_LEVEL)
+    tirx.register_intrin_lowering("tirx.sigmoid", target="llvm", f=_float32_only(vector_sigmoid, other=_sigmoid),
+                                  level=_LEVEL)
     _registered = True
 
 
-def _float32_only(rule: Any, llvm_intrinsic: bool = True) -> Any:
+def _float32_only(rule: Any, llvm_intrinsic: bool = True, other: Any = None) -> Any:
     """``rule`` for float32; other dtypes as TVM lowers them by default: LLVM's
-    intrinsic (exp, log), or a call of libm's function of that name (erf,
-    which LLVM has no intrinsic for)."""
+    intrinsic (exp, log), a call of libm's function of that name (erf, which
+    LLVM has no intrinsic for), or ``other``'s expression of the argument (and its dtype)."""
     from tvm import tirx
     from tvm.runtime import DataType
 
@@ -82,6 +93,8 @@ def _float32_only(rule: Any, llvm_intrinsic: bool = True) -> Any:
         (x,) = call.args
         dtype = DataType(str(call.ty))
         if dtype.type_code != _DL_FLOAT or dtype.bits != 32:
+            if other is not None:
+                return other(x, str(call.ty))
             name = call.op.name.split(".")[-1]
             if llvm_intrinsic:
                 return tirx.call_llvm_pure_intrin(str(call.ty), f"llvm.{name}", x)
@@ -143,6 +156,37 @@ def vector_exp(x: Any, lanes: int = 1) -> Any:
     half = k >> v.i(1)
     result = p * _pow2(half, v) * _pow2(k - half, v)
     return tirx.Select(tirx.isnan(x), x, result)
+
+
+def vector_sigmoid(x: Any, lanes: int = 1) -> Any:
+    """TF's own float32 sigmoid (Eigen's ``scalar_logistic_op<float>``):
+    e^x / (1 + e^x), with e^x made as e^(x/2) squared, so that e^(x/2) is
+    never subnormal and one exponent's bits scale it; e^(x/2) by a degree-5
+    polynomial after the same range reduction as ``vector_exp``. Where TVM made
+    1 / (1 + exp(-x)): 12.1 to 8.7 cycles a vector of 16 on Zen 5, within 6 ulps."""
+    from tvm import tirx
+
+    v = _Lanes(lanes)
+    half = tirx.min(x, v.f(_SIGMOID_HI)) * v.f(0.5)
+    rounded = half * v.f(_LOG2E) + v.f(_ROUNDER)
+    m = tirx.reinterpret(v.int32, rounded) - tirx.reinterpret(v.int32, v.f(_ROUNDER))
+    n = rounded - v.f(_ROUNDER)
+    r = half - n * v.f(_LN2_HI) - n * v.f(_LN2_LO)
+    r2 = r * r
+    p4, p5, p2, p3 = (v.f(c) for c in _SIGMOID_POLY)
+    p = r2 * (r * (r2 * p5 + p3) + (r2 * p4 + p2)) + (r + v.f(1.0))
+    e = p * _pow2(tirx.max(m, v.i(-126)), v)
+    e = e * e
+    result = tirx.Select(x < v.f(_EXP_CLAMP_LO), v.f(0.0), e / (e + v.f(1.0)))
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def _sigmoid(x: Any, dtype: str) -> Any:
+    """TVM's own lowering of sigmoid, for dtypes other than float32."""
+    from tvm import tirx
+
+    one = tirx.const(1, dtype)
+    return one / (one + tirx.exp(-x))
 
 
 def _pow2(k: Any, v: _Lanes) -> Any:
