@@ -32,7 +32,6 @@ import ctypes
 import json
 import os
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time

@@ -72,7 +72,8 @@ def schedule_rows(sch: Any, target: Any) -> Any:
         return None
     for block in blocks:
         stmt, loops = sch.get(block), sch.get_loops(block)
-        if len(loops) != len(stmt.iter_vars) or any(not isinstance(sch.get(l).extent, tirx.IntImm) for l in loops):
+        if len(loops) != len(stmt.iter_vars) or any(
+                not isinstance(sch.get(loop).extent, tirx.IntImm) for loop in loops):
             return None
     for block in reductions:
         if _leading_spatial(sch, block) != len(sch.get(block).iter_vars) - 1:
