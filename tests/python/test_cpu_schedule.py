@@ -403,6 +403,21 @@ def test_row_reductions_with_work_for_two_threads_run_on_them() -> None:
     assert all(cell["error"] < 1e-6 for cell in out.values() if cell), out
 
 
+#: What the math lowering scripts share: ``fn`` of each of ``values`` compiled for
+#: the target of argv[2], in vectors of ``lanes``; the results and the LLVM IR.
+_RUN_ELEMENTWISE = """
+def run(fn, values, lanes):
+    x = te.placeholder(values.shape, str(values.dtype), name="x")
+    sch = s_tir.Schedule(te.create_prim_func([x, te.compute(values.shape, lambda i: fn(x[i]), name="y")]))
+    if lanes > 1:
+        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])[1])
+    f = tvm.compile(sch.mod, target=json.loads(sys.argv[2]))
+    y = tvm.runtime.tensor(np.zeros_like(values))
+    f(tvm.runtime.tensor(values), y)
+    return y.numpy(), f.mod.inspect_source("ll")
+"""
+
+
 #: Run on the TVM Python: float32 erf through the worker's lowering, scalar and
 #: in vectors, against math.erf in float64 (in ulps of the float32 result);
 #: float64 keeps libm's erf.
@@ -413,6 +428,7 @@ from tvm import s_tir, te, tirx
 sys.path.insert(0, sys.argv[1])
 import math_lowering
 math_lowering.register()
+""" + _RUN_ELEMENTWISE + """
 rng = np.random.default_rng(0)
 specials = [0.0, -0.0, np.inf, -np.inf, np.nan]
 xs = np.concatenate([specials, [4.0, -4.0, 3.99, 1e-30], rng.uniform(-6, 6, 1 << 16),
@@ -420,20 +436,14 @@ xs = np.concatenate([specials, [4.0, -4.0, 3.99, 1e-30], rng.uniform(-6, 6, 1 <<
 out = {}
 for dtype, lanes in (("float32", 1), ("float32", 8), ("float64", 1)):
     values = np.concatenate([xs, np.zeros(-len(xs) % lanes)]).astype(dtype)
-    x = te.placeholder(values.shape, dtype, name="x")
-    sch = s_tir.Schedule(te.create_prim_func([x, te.compute(values.shape, lambda i: tirx.erf(x[i]), name="y")]))
-    if lanes > 1:
-        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])[1])
-    f = tvm.compile(sch.mod, target=json.loads(sys.argv[2]))
-    y = tvm.runtime.tensor(np.zeros_like(values))
-    f(tvm.runtime.tensor(values), y)
-    got = y.numpy().astype(np.float64)
+    y, ll = run(tirx.erf, values, lanes)
+    got = y.astype(np.float64)
     want = np.array([math.erf(v) if not math.isnan(v) else v for v in values.astype(np.float64)])
     finite = np.isfinite(values) & (want != 0)
     ulps = np.abs(got - want)[finite] / np.spacing(np.abs(want[finite]).astype(dtype)).astype(np.float64)
     out[f"{dtype}x{lanes}"] = {"ulp": float(ulps.max()), "absolute": float(np.abs(got - want)[finite].max()),
                                "special": [repr(float(v)) for v in got[:len(specials)]],
-                               "libm": "@erf" in f.mod.inspect_source("ll")}
+                               "libm": "@erf" in ll}
 print(json.dumps(out))
 """
 
@@ -464,6 +474,7 @@ from tvm import s_tir, te, tirx
 sys.path.insert(0, sys.argv[1])
 import math_lowering
 math_lowering.register()
+""" + _RUN_ELEMENTWISE + """
 np.seterr(all="ignore")  # the reference's exp overflows on purpose
 rng = np.random.default_rng(0)
 specials = [0.0, -0.0, np.inf, -np.inf, np.nan, -1e30, 1e30, -104.5]
@@ -472,21 +483,15 @@ xs = np.concatenate([specials, [16.63, 16.64, -87.4, -103.0, -104.0], rng.unifor
 out = {}
 for dtype, lanes in (("float32", 1), ("float32", 16), ("float64", 1)):
     values = np.concatenate([xs, np.zeros(-len(xs) % lanes)]).astype(dtype)
-    x = te.placeholder(values.shape, dtype, name="x")
-    sch = s_tir.Schedule(te.create_prim_func([x, te.compute(values.shape, lambda i: tirx.sigmoid(x[i]), name="y")]))
-    if lanes > 1:
-        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])[1])
-    f = tvm.compile(sch.mod, target=json.loads(sys.argv[2]))
-    y = tvm.runtime.tensor(np.zeros_like(values))
-    f(tvm.runtime.tensor(values), y)
-    got, want = y.numpy(), (1 / (1 + np.exp(-values.astype(np.float64)))).astype(dtype)
+    got, ll = run(tirx.sigmoid, values, lanes)
+    want = (1 / (1 + np.exp(-values.astype(np.float64)))).astype(dtype)
     normal = np.isfinite(want) & (want >= np.finfo(dtype).tiny)
     error = np.abs(got.astype(np.float64) - want)
     out[f"{dtype}x{lanes}"] = {
         "ulp": float((error[normal] / np.spacing(want[normal])).max()),
         "subnormal_steps": float((error[~normal & (want > 0)] / np.finfo(dtype).smallest_subnormal).max(initial=0)),
         "special": [repr(float(v)) for v in got[:len(specials)]],
-        "exp": "llvm.exp." in f.mod.inspect_source("ll")}
+        "exp": "llvm.exp." in ll}
 print(json.dumps(out))
 """
 
