@@ -511,3 +511,49 @@ def test_sigmoid_lowers_to_tfs_own_within_8_ulps(target: dict[str, str]) -> None
         assert out[case]["ulp"] <= 8 and out[case]["subnormal_steps"] <= 2 and not out[case]["exp"], out
         assert out[case]["special"] == ["0.5", "0.5", "1.0", "0.0", "nan", "0.0", "1.0", "0.0"], out
     assert out["float64x1"]["exp"] and out["float64x1"]["ulp"] <= 4, out
+
+
+#: Run on the TVM Python: float32 tanh through the worker's lowering, scalar
+#: and in vectors, against numpy in float64 (in ulps of the float32 result);
+#: float64 keeps TVM's.
+_TANH = """
+import json, sys
+import numpy as np, tvm
+from tvm import s_tir, te, tirx
+sys.path.insert(0, sys.argv[1])
+import math_lowering
+math_lowering.register()
+""" + _RUN_ELEMENTWISE + """
+rng = np.random.default_rng(0)
+specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 7.91, -7.91, 1e-30, -1e-40]
+xs = np.concatenate([specials, rng.uniform(-12, 12, 1 << 20), rng.uniform(-1e-3, 1e-3, 1 << 16)])
+out = {}
+for dtype, lanes in (("float32", 1), ("float32", 16), ("float64", 1)):
+    values = np.concatenate([xs, np.zeros(-len(xs) % lanes)]).astype(dtype)
+    got, ll = run(tirx.tanh, values, lanes)
+    want = np.tanh(values.astype(np.float64)).astype(dtype)
+    finite = np.isfinite(want) & (want != 0)
+    out[f"{dtype}x{lanes}"] = {
+        "ulp": float((np.abs(got.astype(np.float64) - want)[finite] / np.spacing(np.abs(want[finite]))).max()),
+        "special": [repr(float(v)) for v in got[:len(specials) - 2]],
+        "tiny_kept": bool((got[len(specials) - 2:len(specials)] == values[len(specials) - 2:len(specials)]).all()),
+        "exp": "llvm.exp." in ll}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS[:2])
+def test_tanh_lowers_to_tfs_own_within_8_ulps(target: dict[str, str]) -> None:
+    """The LSTM's and approximate GELU's tanh: float32 as TF computes it (Eigen's
+    [9/8] rational function), scalar or vector: no exp left, within 8 ulps of
+    the exact value, ±1 from ±7.91 and at ±inf, ±0 and tiny values kept, NaN
+    kept. float64 keeps TVM's two exps (which lose tiny values to cancellation)."""
+    result = subprocess.run([TVM_PYTHON, "-c", _TANH, str(TVM_PACKAGE), json.dumps(target)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    for case in ("float32x1", "float32x16"):
+        assert out[case]["ulp"] <= 8 and not out[case]["exp"], out
+        assert out[case]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan", "1.0", "-1.0"], out
+        assert out[case]["tiny_kept"], out
+    assert out["float64x1"]["exp"], out
