@@ -50,13 +50,13 @@ _SQRT_HALF = 0.707106781186547524
 #: Eigen's logistic: above this x the rational result is 1 in float32; e^(x/2) by
 #: 1 + r + r^2 (p2 + p3 r + p4 r^2 + p5 r^3), coefficients (p4, p5, p2, p3).
 _SIGMOID_HI = 16.6355324
+_SIGMOID_POLY = (4.1898667812347412109375e-2, 8.33471305668354034423828125e-3, 0.49999141693115234375,
+                 0.16666877269744873046875)
 #: Eigen's tanh: tanh(x) = (x + x^3 P(x^2)) / Q(x^2), exactly 1 from this x on
 #: without FMA; coefficients from the highest power down.
 _TANH_ONE = 7.90738964080810547
 _TANH_P = (1.394553628e-8, 2.102733560e-5, 3.520756727e-3, 1.340216100e-1)
 _TANH_Q = (8.015776984e-7, 3.326951409e-4, 2.597254514e-2, 4.673548340e-1, 1.0)
-_SIGMOID_POLY = (4.1898667812347412109375e-2, 8.33471305668354034423828125e-3, 0.49999141693115234375,
-                 0.16666877269744873046875)
 #: erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (float32 erf is ±1 outside), highest power first.
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
@@ -70,43 +70,36 @@ _registered = False
 
 
 def register() -> None:
-    """Lowers float32 ``exp``, ``log`` and ``erf`` (scalar, or vectors, as MetaSchedule's
-    vectorized kernels call them) for llvm targets to the polynomials below;
-    other dtypes keep libm's. Once per process: TVM refuses a second rule at the
-    same level."""
+    """Lowers float32 ``exp``, ``log``, ``erf``, ``sigmoid`` and ``tanh``
+    (scalar, or vectors, as MetaSchedule's vectorized kernels call them) for
+    llvm targets to the functions below; other dtypes keep TVM's lowering. Once
+    per process: TVM refuses a second rule at the same level."""
     global _registered
+    import tvm
     from tvm import tirx
 
     if _registered:
         return
-    tirx.register_intrin_lowering("tirx.exp", target="llvm", f=_float32_only(vector_exp), level=_LEVEL)
-    tirx.register_intrin_lowering("tirx.log", target="llvm", f=_float32_only(vector_log), level=_LEVEL)
-    tirx.register_intrin_lowering("tirx.erf", target="llvm", f=_float32_only(vector_erf, llvm_intrinsic=False),
-                                  level=_LEVEL)
-    tirx.register_intrin_lowering("tirx.sigmoid", target="llvm", f=_float32_only(vector_sigmoid, other=_sigmoid),
-                                  level=_LEVEL)
-    tirx.register_intrin_lowering("tirx.tanh", target="llvm", f=_float32_only(vector_tanh, other=_tanh), level=_LEVEL)
+    for name, rule in (("tirx.exp", vector_exp), ("tirx.log", vector_log), ("tirx.erf", vector_erf),
+                       ("tirx.sigmoid", vector_sigmoid), ("tirx.tanh", vector_tanh)):
+        replaced = tvm.ir.Op.get(name).get_attr("llvm.FLowerIntrinsic")
+        tirx.register_intrin_lowering(name, target="llvm", f=_float32_only(rule, replaced), level=_LEVEL)
     _registered = True
 
 
-def _float32_only(rule: Any, llvm_intrinsic: bool = True, other: Any = None) -> Any:
-    """``rule`` for float32; other dtypes as TVM lowers them by default: LLVM's
-    intrinsic (exp, log), a call of libm's function of that name (erf, which
-    LLVM has no intrinsic for), or ``other``'s expression of the argument (and its dtype)."""
-    from tvm import tirx
+def _float32_only(rule: Any, replaced: Any) -> Any:
+    """``rule`` for float32; other dtypes as TVM lowers them without it: by
+    ``replaced``, the llvm rule this one takes the place of (exp and log: LLVM's
+    intrinsic; tanh: a pair of exps), or, where there is none, by TVM's default
+    rules, which a call returned unchanged goes on to (erf: libm's; sigmoid:
+    1 / (1 + exp(-x)))."""
     from tvm.runtime import DataType
 
     def lower(call: Any) -> Any:
-        (x,) = call.args
         dtype = DataType(str(call.ty))
         if dtype.type_code != _DL_FLOAT or dtype.bits != 32:
-            if other is not None:
-                return other(x, str(call.ty))
-            name = call.op.name.split(".")[-1]
-            if llvm_intrinsic:
-                return tirx.call_llvm_pure_intrin(str(call.ty), f"llvm.{name}", x)
-            return tirx.call_pure_extern(str(call.ty), name, x)
-        return rule(x, dtype.lanes)
+            return replaced(call) if replaced is not None else call
+        return rule(call.args[0], dtype.lanes)
 
     return lower
 
@@ -145,20 +138,15 @@ def vector_exp(x: Any, lanes: int = 1) -> Any:
     polynomial, times 2^n made in two halves' exponent bits (so that n from
     -150 to 128 needs no exponent outside float32's normal range).
 
-    n is rounded by adding ``_ROUNDER``, which leaves it in the sum's low
-    mantissa bits, as XNNPACK does: one add gives n as a float and, from the
-    bits, as an integer, where a floor and two conversions took 5 instructions.
-    x is clamped where exp is already inf or 0, so that the product makes those
-    itself; only NaN needs a select. 45 to 30 vector instructions, 14 to 9
-    cycles a vector of 16 on Zen 5."""
+    n is rounded by ``_reduce``'s add, where a floor and two conversions took
+    5 instructions. x is clamped where exp is already inf or 0, so that the
+    product makes those itself; only NaN needs a select. A vectorized loop's
+    body went from 45 to 28 instructions, 14 to 9.6 cycles a vector of 16 on
+    Zen 5."""
     from tvm import tirx
 
     v = _Lanes(lanes)
-    clamped = tirx.max(tirx.min(x, v.f(_EXP_CLAMP_HI)), v.f(_EXP_CLAMP_LO))
-    rounded = clamped * v.f(_LOG2E) + v.f(_ROUNDER)
-    k = tirx.reinterpret(v.int32, rounded) - tirx.reinterpret(v.int32, v.f(_ROUNDER))
-    n = rounded - v.f(_ROUNDER)
-    r = clamped - n * v.f(_LN2_HI) - n * v.f(_LN2_LO)
+    k, r = _reduce(tirx.max(tirx.min(x, v.f(_EXP_CLAMP_HI)), v.f(_EXP_CLAMP_LO)), v)
     p = _poly(r, _EXP_POLY, v) * r * r + r + v.f(1.0)
     half = k >> v.i(1)
     result = p * _pow2(half, v) * _pow2(k - half, v)
@@ -174,11 +162,7 @@ def vector_sigmoid(x: Any, lanes: int = 1) -> Any:
     from tvm import tirx
 
     v = _Lanes(lanes)
-    half = tirx.min(x, v.f(_SIGMOID_HI)) * v.f(0.5)
-    rounded = half * v.f(_LOG2E) + v.f(_ROUNDER)
-    m = tirx.reinterpret(v.int32, rounded) - tirx.reinterpret(v.int32, v.f(_ROUNDER))
-    n = rounded - v.f(_ROUNDER)
-    r = half - n * v.f(_LN2_HI) - n * v.f(_LN2_LO)
+    m, r = _reduce(tirx.min(x, v.f(_SIGMOID_HI)) * v.f(0.5), v)
     r2 = r * r
     p4, p5, p2, p3 = (v.f(c) for c in _SIGMOID_POLY)
     p = r2 * (r * (r2 * p5 + p3) + (r2 * p4 + p2)) + (r + v.f(1.0))
@@ -205,22 +189,17 @@ def vector_tanh(x: Any, lanes: int = 1) -> Any:
     return tirx.Select(tirx.isnan(x), x, result)
 
 
-def _sigmoid(x: Any, dtype: str) -> Any:
-    """TVM's own lowering of sigmoid, for dtypes other than float32."""
+def _reduce(x: Any, v: _Lanes) -> tuple[Any, Any]:
+    """x = n ln 2 + r with n an integer and |r| <= ln 2 / 2, for |x| under
+    2^22 / log2(e): (n as int32, r). n is rounded by adding ``_ROUNDER``,
+    which leaves it in the sum's low mantissa bits, as XNNPACK does: one add
+    gives n as a float and, from the bits, as an integer."""
     from tvm import tirx
 
-    one = tirx.const(1, dtype)
-    return one / (one + tirx.exp(-x))
-
-
-def _tanh(x: Any, dtype: str) -> Any:
-    """TVM's own lowering of tanh, for dtypes other than float32: the form of
-    exp(-2|x|) that cannot overflow, for each sign."""
-    from tvm import tirx
-
-    one, two = tirx.const(1, dtype), tirx.const(2, dtype)
-    below, above = tirx.exp(-two * x), tirx.exp(two * x)
-    return tirx.Select(x >= tirx.const(0, dtype), (one - below) / (one + below), (above - one) / (above + one))
+    rounded = x * v.f(_LOG2E) + v.f(_ROUNDER)
+    n = rounded - v.f(_ROUNDER)
+    k = tirx.reinterpret(v.int32, rounded) - tirx.reinterpret(v.int32, v.f(_ROUNDER))
+    return k, x - n * v.f(_LN2_HI) - n * v.f(_LN2_LO)
 
 
 def _pow2(k: Any, v: _Lanes) -> Any:
