@@ -105,15 +105,15 @@ class CompiledFunction(tf.Module):
         tensors = [tf.convert_to_tensor(a, dtype=s.dtype) for a, s in zip(args, state.input_signature)]
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
-        shapes_now = tuple(tuple(t.shape) for t in tensors) if tf.executing_eagerly() else None
-        compiled = state.compiled.get(shapes_now) if shapes_now is not None else None
+        eager = tf.executing_eagerly()
+        compiled = state.compiled.get(tuple(tuple(t.shape) for t in tensors)) if eager else None
         if compiled is not None:
             run = functools.partial(self._run, compiled)
             return self._recorded(run, tensors) if record.could_possibly_record() else run(tensors)
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
         if all(shape.is_fully_defined() for shape in shapes):
             static = tuple(tuple(s.as_list()) for s in shapes)
-            if tf.executing_eagerly() and state.compiled and static not in state.compiled:
+            if eager and state.compiled and static not in state.compiled:
                 # Eager calls see each batch size as a new shape, and each new
                 # shape compiles: what the user should know once per shape.
                 logger.warning("tf_op.compile(%s): compiling again, for the new input shapes %s (compiled: %s); "
