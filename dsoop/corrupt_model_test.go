@@ -118,3 +118,36 @@ func FuzzCorruptedModelRuns(f *testing.F) {
 		runCorrupted(t, model, original)
 	})
 }
+
+// TestNativeModelsRunOnlyAsBuilt: a model whose Relax functions are native code
+// indexes the VM's registers and constants with numbers in its machine code, so
+// its library must hold the executable it was built with, to the byte
+// (tvmdsoop_library_bin_sha256, checkLibraryBinDigest). Every corrupted copy is
+// refused, none runs; and TVM's own export, which records no digest, is refused
+// with the reason.
+func TestNativeModelsRunOnlyAsBuilt(t *testing.T) {
+	native := corruptibleModel{"mlp_native.so", "forward", corruptibleModels[0].inputs}
+	require.Equal(t, "ran", runCorrupted(t, native, mustRead(t, filepath.Join(modelsDir, native.lib))))
+
+	original := mustRead(t, filepath.Join(modelsDir, native.lib))
+	start, size := executableBytes(t, original)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := 0; i < 20; i++ {
+		data := append([]byte(nil), original...)
+		at := start + rng.IntN(size)
+		data[at] ^= byte(1 + rng.IntN(255))
+		assert.Equal(t, "refused", runCorrupted(t, native, data), "byte %d of the executable changed", at-start)
+	}
+
+	_, err := dsoop.Open(filepath.Join(modelsDir, "mlp_native_unrecorded.so"))
+	require.ErrorIs(t, err, dsoop.ErrNotALibrary)
+	assert.ErrorContains(t, err, "functions compiled to native code (forward)")
+	assert.ErrorContains(t, err, "tvmdsoop_library_bin_sha256")
+}
+
+func mustRead(t testing.TB, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return data
+}

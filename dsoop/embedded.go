@@ -24,6 +24,9 @@ type embeddedModule struct {
 	vmFunctions []string
 	// vmParams are the parameters' names of each of vmFunctions.
 	vmParams map[string][]string
+	// nativeFunctions are those of vmFunctions compiled to native code, which
+	// trust the executable's tables (see checkLibraryBinDigest).
+	nativeFunctions []string
 }
 
 // Bounds on what a library's serialized modules may claim, far above what TVM
@@ -54,7 +57,11 @@ func readEmbeddedModules(f *elf.File, symbols []elf.Symbol) ([]embeddedModule, e
 		if err != nil {
 			return nil, err
 		}
-		return parseEmbeddedModules(bin)
+		modules, err := parseEmbeddedModules(bin)
+		if err != nil {
+			return nil, err
+		}
+		return modules, checkLibraryBinDigest(f, symbols, bin, modules)
 	}
 	return nil, nil
 }
@@ -94,9 +101,9 @@ func parseEmbeddedModules(bin io.ReaderAt) ([]embeddedModule, error) {
 			if err != nil {
 				return nil, fmt.Errorf("its Relax VM executable is malformed: %w", err)
 			}
-			m.vmFunctions = exec.vmFunctionNames()
+			m.vmFunctions, m.nativeFunctions = exec.vmFunctionNames(), exec.nativeFunctions()
 			for _, f := range exec.functions {
-				if f.kind == vmFuncVM {
+				if f.entryPoint() {
 					if m.vmParams == nil {
 						m.vmParams = map[string][]string{}
 					}

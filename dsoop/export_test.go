@@ -52,8 +52,9 @@ func CallsSymbol(f *Func) bool { return f.ref.fn.self == nil }
 
 // VMFunctionTables gives the functions a model's executable lists in its function
 // table, as the library carries it, and those of TVM's text form of the
-// executable, which decodes every instruction: each "@name:" alone on a line
-// (kernels and builtins end with "packed_func;").
+// executable, which decodes every instruction: each "@name:" alone on a line,
+// or "@name num_inputs=N vm_tir_func;" for one compiled to native code (kernels
+// and builtins end with "packed_func;").
 func VMFunctionTables(m *Module) (table, text []string, err error) {
 	asText, err := m.Func("as_text")
 	if err != nil {
@@ -65,7 +66,7 @@ func VMFunctionTables(m *Module) (table, text []string, err error) {
 		return nil, nil, err
 	}
 	s, _ := form.(string)
-	for _, match := range regexp.MustCompile(`(?m)^@(\S+):$`).FindAllStringSubmatch(s, -1) {
+	for _, match := range regexp.MustCompile(`(?m)^@(\S+)(?::| num_inputs=\d+ vm_tir_func;)$`).FindAllStringSubmatch(s, -1) {
 		text = append(text, match[1])
 	}
 	slices.Sort(text)

@@ -89,8 +89,15 @@ func mlpReference(x []float32, batch int, params [][]float32) []float32 {
 	return out
 }
 
+// TestVMMLPWithParamsAsInputsAtSeveralBatchSizes runs the MLP as bytecode
+// (mlp.so) and compiled to native code (mlp_native.so, as tf_op.compile builds).
 func TestVMMLPWithParamsAsInputsAtSeveralBatchSizes(t *testing.T) {
-	f := openModel(t, modelsDir+"/mlp.so", "forward")
+	for _, lib := range []string{"mlp.so", "mlp_native.so"} {
+		t.Run(lib, func(t *testing.T) { testMLPBatches(t, openModel(t, filepath.Join(modelsDir, lib), "forward")) })
+	}
+}
+
+func testMLPBatches(t *testing.T, f *dsoop.VMFunc) {
 	assert.Equal(t, 5, f.Arity())
 	params := mlpParams()
 	for _, batch := range []int{1, 3, 8} {
@@ -143,6 +150,7 @@ func TestVMFunctionsFromTheFunctionTable(t *testing.T) {
 		want []string
 	}{
 		{"mlp.so", []string{"forward"}},
+		{"mlp_native.so", []string{"forward"}},
 		{"two_outputs.so", []string{"main"}},
 		{"onnx_model.so", []string{"main"}},
 	}

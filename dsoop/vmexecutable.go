@@ -108,12 +108,27 @@ type vmExecutable struct {
 	constants int64
 }
 
-// vmFunctionNames are the names of the executable's VM functions, its entry
-// points (main, forward, ...), in table order.
+// entryPoint reports whether f is one of the executable's Relax functions (main,
+// forward, ...), in bytecode or compiled to native code, rather than a kernel.
+func (f vmFunction) entryPoint() bool { return f.kind == vmFuncVM || f.kind == vmFuncVMTIR }
+
+// vmFunctionNames are the names of the executable's entry points, in table order.
 func (e vmExecutable) vmFunctionNames() []string {
 	var names []string
 	for _, f := range e.functions {
-		if f.kind == vmFuncVM {
+		if f.entryPoint() {
+			names = append(names, f.name)
+		}
+	}
+	return names
+}
+
+// nativeFunctions are the names of the entry points compiled to native code
+// (exec_mode="compiled"), in table order.
+func (e vmExecutable) nativeFunctions() []string {
+	var names []string
+	for _, f := range e.functions {
+		if f.kind == vmFuncVMTIR {
 			names = append(names, f.name)
 		}
 	}

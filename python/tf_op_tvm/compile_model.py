@@ -30,6 +30,15 @@ The library records the x86 extensions its target lets the code use, as Linux's
 a CPU without one of them (dsoop/cpuflags.go) instead of letting it die of an
 illegal instruction.
 
+On a CPU the model's Relax functions are compiled to native code too
+(``exec_mode="compiled"``; ``compile_relax``), not left as bytecode for TVM's
+interpreter: a model of many small kernels spends much of its call between
+them (the LSTM classifier 1.6x, the small CNN 1.1x). That code indexes the
+VM's registers and constants by numbers the verifier cannot read back, so the
+library records the digest of its serialized modules in
+``tvmdsoop_library_bin_sha256``, and dsoop runs it only when they match
+(dsoop/bindigest.go).
+
 The target ``"portable"`` (tf_op.compile's default) builds the model once for
 each of ``X86_LEVELS``: OUT.so is the baseline library, and carries each higher
 level's whole library in a data symbol ``tvmdsoop_level_<level>`` (each with its
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -49,7 +59,7 @@ import subprocess
 import sys
 import time
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,20 +251,16 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
         for level in reversed(levels):  # the first last: it embeds the others
             built, tvm_target = build_level(level)
             exporting = time.perf_counter()
-            flags = cpu_flags(tvm_target)
-            record = Path(tmp, "tvmdsoop_cpu_flags.c")
-            record.write_text(_CPU_FLAGS_SOURCE.format(flags=" ".join(flags)))
-            addons = [str(record)]
             if level is levels[0]:
-                flags_of_first = flags
+                addons = []
                 if higher:
                     embedded = Path(tmp, "tvmdsoop_levels.S")
                     embedded.write_text(levels_source(higher))
                     addons.append(str(embedded))
-                built.export_library(str(out_path), addons=addons)
+                flags_of_first = export_recorded(built, tvm_target, out_path, Path(tmp), addons)
             else:
                 library = higher[target_name(level)] = Path(tmp, f"{target_name(level)}.so")
-                built.export_library(str(library), addons=addons)
+                export_recorded(built, tvm_target, library, Path(tmp))
             export_s += time.perf_counter() - exporting
         return flags_of_first, [*higher][::-1], export_s
 
@@ -275,13 +281,57 @@ def build(mod: Any, target: dict[str, object] | str, trials: int,
         mod, tvm_target = tune(mod, target, trials, tuning_dir)
     pipeline = cpu_pipeline(tvm_target) if tvm_target.kind.name == "llvm" else "default"
     tuned = time.perf_counter()
-    executable = tvm.compile(mod, target=tvm_target, relax_pipeline=pipeline)
+    executable = compile_relax(mod, tvm_target, pipeline)
     progress(f"compiled for {target_name(target)} in {time.perf_counter() - tuned:.2f} s")
     timings: dict[str, Any] = {}
     if trials > 0 and tvm_target.kind.name == "llvm":  # timed on this machine's CPU
-        executable, timings = faster_of(executable, tvm.compile(untuned, target=tvm_target, relax_pipeline=pipeline),
+        executable, timings = faster_of(executable, compile_relax(untuned, tvm_target, pipeline),
                                         untuned["main"])
     return executable, tvm_target, {"tune_s": tuned - start, "compile_s": time.perf_counter() - tuned, **timings}
+
+
+def compile_relax(mod: Any, target: Any, pipeline: Any) -> Any:
+    """``tvm.compile`` of ``mod``, with its Relax functions compiled to native code
+    where ``native_relax_functions`` says so."""
+    from tvm import relax
+
+    return relax.build(mod, target=target, relax_pipeline=pipeline,
+                       exec_mode="compiled" if native_relax_functions(target) else "bytecode")
+
+
+def native_relax_functions(target: Any) -> bool:
+    """Whether a library for ``target`` runs its Relax functions as native code:
+    on a CPU. Not on CUDA, where the code that calls the kernels runs on the
+    host: that path has not been run on a GPU yet."""
+    return bool(target.kind.name == "llvm")
+
+
+def export_recorded(built: Any, target: Any, path: Path, work_dir: Path, addons: Sequence[str] = ()) -> list[str]:
+    """``built.export_library(path)`` (with ``addons``), and in it the records
+    dsoop reads before it loads the library: the CPU flags of the extensions
+    ``target`` lets its code use and, for a Relax VM executable whose functions
+    are native code, the digest of its serialized modules (``library_bin_sha256``).
+    Returns the flags."""
+    from tvm import relax
+
+    flags = cpu_flags(target)
+    records = {"tvmdsoop_cpu_flags": " ".join(flags)}
+    if isinstance(built, relax.VMExecutable) and native_relax_functions(target):
+        records["tvmdsoop_library_bin_sha256"] = library_bin_sha256(built)
+    source = work_dir / f"tvmdsoop_records_{path.stem}.c"
+    source.write_text(records_source(records))
+    built.export_library(str(path), addons=[str(source), *addons])
+    return flags
+
+
+def library_bin_sha256(built: Any) -> str:
+    """The SHA-256 of the modules ``built.export_library`` serializes into the
+    library, byte for byte its ``__tvm_ffi__library_bin``: the same
+    serialization (TVM's PackImports), as bytes rather than as code."""
+    import tvm
+
+    blob = tvm.get_global_func("runtime.ModulePackImportsToTensor")(built.mod)
+    return hashlib.sha256(blob.numpy().tobytes()).hexdigest()
 
 
 def target_name(target: dict[str, object] | str) -> str:
@@ -551,17 +601,15 @@ def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
     return build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-#: The record, compiled into the library by export_library (as C++: the
-#: declaration gives the constant external linkage, which C++ denies a const).
-_CPU_FLAGS_SOURCE = """#ifdef __cplusplus
-extern "C" {{
-#endif
-extern const char tvmdsoop_cpu_flags[];
-__attribute__((visibility("default"))) const char tvmdsoop_cpu_flags[] = "{flags}";
-#ifdef __cplusplus
-}}
-#endif
-"""
+#: One record: a string constant dsoop reads from the library's symbols.
+_RECORD = 'extern const char {name}[];\n__attribute__((visibility("default"))) const char {name}[] = "{value}";\n'
+
+
+def records_source(records: dict[str, str]) -> str:
+    """The records, as C++ for export_library to compile into the library: the
+    declaration gives each constant external linkage, which C++ denies a const."""
+    body = "".join(_RECORD.format(name=name, value=value) for name, value in records.items())
+    return f'#ifdef __cplusplus\nextern "C" {{\n#endif\n{body}#ifdef __cplusplus\n}}\n#endif\n'
 
 
 def cpu_flags(target: Any) -> list[str]:

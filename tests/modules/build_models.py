@@ -15,6 +15,11 @@ NAME_cuda.so. Writes, into OUT_DIR:
   ``mlp_params.json`` their names, source names, shapes and dtypes, in call order.
 - ``two_outputs.so``: ``main(x: f32[n,4]) -> (x + 1, (x * 2, sum(x, axis=1)))``,
   a nested tuple.
+- ``mlp_native.so``: mlp.so with its Relax functions compiled to native code
+  (``exec_mode="compiled"``) and exported as tf_op.compile exports (with the
+  digest record dsoop checks: ``compile_model.export_recorded``);
+  ``mlp_native_unrecorded.so`` the same as TVM's own export writes it, without
+  the record. CPU only.
 - ``onnx_model.so`` and ``onnx_model.onnx``: ``main(x: f32[batch,8], y: f32[batch,4])
   -> (relu(x @ W), sigmoid(x @ W + y))``, W baked in.
 
@@ -32,6 +37,7 @@ import ctypes
 import json
 import os
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -153,15 +159,36 @@ def mlp_params() -> tuple[dict[str, np.ndarray], list[dict[str, object]]]:
     return values, info
 
 
+def mlp_module() -> tvm.IRModule:
+    mod, _ = MLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor(["batch", 16], "float32")}})
+    return mod
+
+
 def build_mlp(out_dir: Path, target: str = "llvm") -> Path:
     """mlp.so: ``forward(x, p0, p1, p2, p3)``, flat already: export_tvm appends the
     params to x as ordinary inputs (attr num_input=1). Also writes mlp_params.*."""
     out_dir = Path(out_dir)
-    mod, _ = MLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor(["batch", 16], "float32")}})
+    mod = mlp_module()
     values, info = mlp_params()
     np.savez(out_dir / "mlp_params.npz", **values)
     (out_dir / "mlp_params.json").write_text(json.dumps(info, indent=1) + "\n")
     return _export(mod, out_dir / lib_name("mlp", target), target)
+
+
+def build_mlp_native(out_dir: Path, recorded: bool) -> Path:
+    """mlp_native.so, or mlp_native_unrecorded.so (see the module's docstring)."""
+    sys.path.insert(0, str(HERE.parents[1] / "python"))  # tf_op_tvm, from this checkout
+    from tf_op_tvm import compile_model
+
+    target = target_of("llvm")
+    built = compile_model.compile_relax(mlp_module(), target, "default")
+    path = Path(out_dir) / ("mlp_native.so" if recorded else "mlp_native_unrecorded.so")
+    if recorded:
+        with tempfile.TemporaryDirectory() as work:
+            compile_model.export_recorded(built, target, path, Path(work))
+    else:
+        built.export_library(str(path))
+    return path
 
 
 @I.ir_module
@@ -226,6 +253,9 @@ def build_all(out_dir: Path, target: str = "llvm") -> list[Path]:
         (f"cnn_b{p.stem[len('cnn_b'):]}", lambda p=p: build_cnn(p, out_dir / lib_name(p.stem, target), target))
         for p in sorted(out_dir.glob("cnn_b*.tflite"))
     ]
+    if target == "llvm":
+        jobs += [("mlp_native", lambda: build_mlp_native(out_dir, recorded=True)),
+                 ("mlp_native_unrecorded", lambda: build_mlp_native(out_dir, recorded=False))]
     jobs += [("mlp", lambda: build_mlp(out_dir, target)),
              ("two_outputs", lambda: build_two_outputs(out_dir, target)),
              ("onnx_model", lambda: build_onnx(out_dir, target))]

@@ -772,6 +772,30 @@ def test_default_library_holds_every_x86_level_and_loads_the_highest(tmp_path: P
     assert "TVMDSOOP_CPU_LEVEL=x86-64-v9 names no level this library holds (x86-64, x86-64-v3, x86-64-v4)" in unknown.stderr
 
 
+def test_each_level_runs_the_model_as_native_code_with_the_digest_it_trusts(tmp_path: Path) -> None:
+    """The model's Relax function is machine code in every level's library (TVM's
+    exec_mode="compiled", exported as ``__tvm_ffi___vmtir__main``), not bytecode
+    for TVM's interpreter, and each library records the digest of the executable
+    that code trusts (``tvmdsoop_library_bin_sha256``, which dsoop checks before
+    loading it). The results stay Keras's."""
+    model = _mlp()
+    x = _inputs(3, 16)
+    y = compile(model, [tf.TensorSpec([3, 16])], cache_dir=tmp_path / "cache")(x)
+    np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    (lib,) = _libraries(tmp_path / "cache")
+    # The portable library: the baseline's, with each higher level's whole
+    # library inside; nm reads each from where its ELF header starts.
+    data = lib.read_bytes()
+    starts = [m.start() for m in re.finditer(re.escape(b"\x7fELF\x02\x01\x01"), data)]
+    assert len(starts) == 1 + len(_LEVEL_FLAGS)
+    for i, start in enumerate(starts):
+        level = tmp_path / f"level{i}.so"
+        level.write_bytes(data[start:])
+        symbols = subprocess.run(["nm", "-D", "--defined-only", str(level)], capture_output=True, text=True,
+                                 check=True).stdout.split()
+        assert "__tvm_ffi___vmtir__main" in symbols and "tvmdsoop_library_bin_sha256" in symbols, (i, symbols)
+
+
 #: CPUs newer than most machines, with a flag their libraries record.
 _NEWER_CPUS = [("skylake-avx512", "avx512f"), ("sapphirerapids", "amx_tile")]
 _LACKED = next(((cpu, flag) for cpu, flag in _NEWER_CPUS if _HOST_FLAGS and flag not in _HOST_FLAGS), None)
