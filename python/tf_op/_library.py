@@ -111,6 +111,8 @@ def check_build(library: Path, running: str) -> None:
 def load() -> ModuleType:
     """Loads the op library (once) and returns its generated op wrappers."""
     global _ops
+    if _ops is not None:  # every op call asks: no lock once loaded
+        return _ops
     with _lock:
         if _ops is None:
             if not os.environ.get(LIBRARY_PATH_ENV):

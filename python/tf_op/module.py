@@ -387,14 +387,21 @@ class Func(tf.Module):
 
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
-            inputs = [tf.convert_to_tensor(a) for a in args]
+            outputs = self.run([tf.convert_to_tensor(a) for a in args])
+        return tuple(outputs) if self.multiple_outputs else outputs[0]
+
+    def run(self, inputs: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The op's outputs, a list, for ``inputs``: tensors already, which it
+        passes as they are (``__call__`` converts its arguments first; a
+        conversion costs about 3 µs an input), on the device ``__call__`` gives
+        it, if any."""
+        with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
             dims, attrs = self._op_attrs(inputs)
-            outputs = _library.load().tvmdso_op(
+            return _library.load().tvmdso_op(
                 args=inputs,
                 output_dims=dims,  # none when every shape is static: no input for TF to deliver
                 **attrs,
             )
-        return tuple(outputs) if self.multiple_outputs else outputs[0]
 
     def _op_attrs(self, inputs: list[tf.Tensor]) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """The op's run-time output sizes and its other arguments, for these inputs.

@@ -138,8 +138,10 @@ def test_none_batch_compiles_once_per_shape(tmp_path: Path) -> None:
 def test_eager_calls_of_a_compiled_shape_go_straight_to_its_library(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """An eager call whose input shapes compiled before takes their library
-    without checking the shapes against the signature again; any other shape
-    is checked, and a tape still sees the call."""
+    without checking the shapes against the signature again, and an eager
+    tensor of the signature's dtype without converting it (3 µs each); any
+    other shape is checked, any other input converted, and a tape still sees
+    the call."""
     model = _mlp()
     fast = compile(model, [tf.TensorSpec([None, 16])], cache_dir=tmp_path)
     merged: list[tuple[int, ...]] = []
@@ -150,6 +152,20 @@ def test_eager_calls_of_a_compiled_shape_go_straight_to_its_library(tmp_path: Pa
         x = _inputs(2, 16, seed=seed)
         np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert merged == [(2, 16)]
+    x = _inputs(2, 16, seed=3)
+    want, tensor, wide = model(x).numpy(), tf.constant(x), tf.constant(x, tf.float64)
+    converted: list[str] = []
+    convert = tf.convert_to_tensor
+    monkeypatch.setattr(tf, "convert_to_tensor", lambda v, *a, **k: converted.append(type(v).__name__) or convert(v, *a, **k))
+    got = [fast(tensor).numpy()]
+    assert converted == []
+    got.append(fast(x).numpy())
+    assert converted == ["ndarray"]
+    with pytest.raises(ValueError, match="float64"):
+        fast(wide)
+    monkeypatch.undo()
+    for y in got:
+        np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
     with pytest.raises(ValueError, match=r"input 0 has shape \(2, 17\), expected \(None, 16\)"):
         fast(_inputs(2, 17))
     x = tf.constant(_inputs(2, 16))
