@@ -18,6 +18,7 @@ from conftest import TVM_PYTHON
 from test_compiler import _HOST_FLAGS, TVM_PACKAGE
 
 from tf_op import compile
+from tf_op.compiler import unroll
 from tf_op.compiler.tflite_conversion import to_tflite
 
 #: The goal for untuned CPU code: within 1e-4 of Keras, relative to the output's largest value.
@@ -175,6 +176,72 @@ def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:
     taken = _rules_taken(_lstm(), (8, 32, 16), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
     assert sorted(name for name, rule in taken.items() if rule == "Matmul") == [
         "fused_matmul1_add_add1", "matmul", "matmul2"], taken
+
+
+def test_the_unrolled_lstms_gates_fuse_with_the_parts_of_their_split(tmp_path: Path) -> None:
+    """Each step of the LSTM, unrolled as tf_op.compile unrolls it, splits its
+    gate pre-activations into four: each part becomes a slice that fuses into
+    the kernel using it (split_slices), where a split was a kernel of its own."""
+    model = _lstm()
+    concrete = tf.function(lambda t: model(t)).get_concrete_function(tf.TensorSpec((1, 32, 16), tf.float32))
+    taken = _rules_taken_by(unroll.unrolled(concrete), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    assert not [name for name in taken if "split" in name], taken
+    assert [name for name in taken if "strided_slice" in name and "sigmoid" in name], taken
+
+
+_SPLITS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tvm import relax
+from tvm.script import ir as I, relax as R, tirx as T
+import split_slices
+
+@I.ir_module
+class Splits:
+    @R.function
+    def main(x: R.Tensor((2, 12), "float32"), y: R.Tensor((6, 5), "float32"), n: R.Shape(["k"])):
+        k = T.int64()
+        with R.dataflow():
+            thirds = R.split(x, 3, axis=-1)
+            a = R.add(thirds[0], thirds[2])
+            rows = R.split(y, [2, 9], axis=0)
+            b = rows[1]
+            c = rows[2]
+            kept = R.split(y, 5, axis=1)
+            d = kept[4]
+            z = R.zeros(R.shape([k, 4]), "float32")
+            dynamic = R.split(z, 2, axis=0)
+            e = dynamic[1]
+            R.output(a, b, c, d, e, kept)
+        return (a, b, c, d, e, kept)
+
+out = {}
+def ints(tup):  # a strided_slice's axes, begin or end: a tuple of PrimValues
+    return [int(field.value) for field in tup.fields]
+def record(call):
+    if isinstance(call, relax.Call) and call.op.name in ("relax.split", "relax.strided_slice"):
+        args = [ints(a) for a in call.args[1:4]] if call.op.name == "relax.strided_slice" else []
+        out.setdefault(call.op.name, []).append(args)
+relax.analysis.post_order_visit(split_slices.split_to_slices(Splits)["main"], record)
+print(json.dumps(out))
+"""
+
+
+def test_split_parts_become_slices_where_the_extent_is_static(tmp_path: Path) -> None:
+    """Sections and numpy's indices (clamped to the extent) become slices; a split
+    along a dimension known only at run time stays, as does one whose tuple is
+    used whole (beside its parts' slices)."""
+    script = tmp_path / "splits.py"  # TVMScript reads its source: a file, not -c
+    script.write_text(_SPLITS)
+    result = subprocess.run([TVM_PYTHON, str(script), str(TVM_PACKAGE)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert sorted(found["relax.strided_slice"]) == sorted([
+        [[1], [0], [4]], [[1], [8], [12]],  # thirds[0], thirds[2]
+        [[0], [2], [6]], [[0], [6], [6]],  # rows[1], rows[2]: [2, 9] clamped to 6
+        [[1], [4], [5]],  # kept[4], beside its split
+    ])
+    assert len(found["relax.split"]) == 2  # kept's, used whole, and the dynamic one
 
 
 @pytest.mark.parametrize("target", TARGETS)
