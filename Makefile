@@ -161,6 +161,6 @@ test-asan: $(ASAN_BUILD)/build.ninja
 		$(PYTHON) -m pytest -q $(addprefix tests/python/,$(ASAN_PYTHON_TESTS))
 
 clean:
-	rm -rf $(BUILD) build-tf* build-wheel-tf* dist
+	rm -rf $(BUILD) $(ASAN_BUILD) build-tf* build-wheel-tf* dist
 
 -include $(BUILD)/cgo.mk

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_op
+from tf_op import defops
 from conftest import MODULES_DIR, TVM_PYTHON
 from helpers import run_python
 
@@ -56,6 +57,22 @@ def test_every_variant_equals_numpy(ops: tf_op.Ops, dtype: str, ndim: int) -> No
     z = ops.vadd(x, y)
     assert z.dtype.name == dtype and z.shape == shape
     np.testing.assert_array_equal(z.numpy(), x + y)
+
+
+def test_eager_calls_reuse_the_function_of_their_variant_and_shapes(ops: tf_op.Ops,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the op's Func (a tf.Module) cost ten times the rest of an eager
+    call: an op keeps the one of each variant and output shapes it was called
+    with, and makes another for new shapes."""
+    made: list[str] = []
+    make = defops.Func
+    monkeypatch.setattr(defops, "Func", lambda *a, **k: made.append(a[1]) or make(*a, **k))
+    x, y, z = _random((9, 7), "float32", 5), _random((9, 7), "float32", 6), _random((2, 7), "float32", 7)
+    for _ in range(3):
+        np.testing.assert_array_equal(ops.vadd(x, y).numpy(), x + y)
+    np.testing.assert_array_equal(ops.vadd(z, z).numpy(), z + z)
+    np.testing.assert_array_equal(ops.vadd(y, x).numpy(), y + x)
+    assert made == ["vadd_float32_2d", "vadd_float32_2d"]
 
 
 @pytest.mark.parametrize(
