@@ -113,22 +113,19 @@ type vmExecutable struct {
 func (f vmFunction) entryPoint() bool { return f.kind == vmFuncVM || f.kind == vmFuncVMTIR }
 
 // vmFunctionNames are the names of the executable's entry points, in table order.
-func (e vmExecutable) vmFunctionNames() []string {
-	var names []string
-	for _, f := range e.functions {
-		if f.entryPoint() {
-			names = append(names, f.name)
-		}
-	}
-	return names
-}
+func (e vmExecutable) vmFunctionNames() []string { return e.names(vmFunction.entryPoint) }
 
 // nativeFunctions are the names of the entry points compiled to native code
 // (exec_mode="compiled"), in table order.
 func (e vmExecutable) nativeFunctions() []string {
+	return e.names(func(f vmFunction) bool { return f.kind == vmFuncVMTIR })
+}
+
+// names are the names of the functions keep takes, in table order.
+func (e vmExecutable) names(keep func(vmFunction) bool) []string {
 	var names []string
 	for _, f := range e.functions {
-		if f.kind == vmFuncVMTIR {
+		if keep(f) {
 			names = append(names, f.name)
 		}
 	}

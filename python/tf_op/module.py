@@ -387,7 +387,8 @@ class Func(tf.Module):
 
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
-            outputs = self.run([tf.convert_to_tensor(a) for a in args])
+            inputs = [tf.convert_to_tensor(a) for a in args]
+        outputs = self.run(inputs)
         return tuple(outputs) if self.multiple_outputs else outputs[0]
 
     def run(self, inputs: list[tf.Tensor]) -> list[tf.Tensor]:

@@ -61,9 +61,9 @@ def test_every_variant_equals_numpy(ops: tf_op.Ops, dtype: str, ndim: int) -> No
 
 def test_eager_calls_reuse_the_function_of_their_variant_and_shapes(ops: tf_op.Ops,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Making the op's Func (a tf.Module) cost ten times the rest of an eager
-    call: an op keeps the one of each variant and output shapes it was called
-    with, and makes another for new shapes."""
+    """Making the op's Func (a tf.Module, and its checks) took several times the
+    rest of an eager call: an op keeps the one of each variant and output
+    shapes it was called with, and makes another for new shapes."""
     made: list[str] = []
     make = defops.Func
     monkeypatch.setattr(defops, "Func", lambda *a, **k: made.append(a[1]) or make(*a, **k))
