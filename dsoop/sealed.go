@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -64,6 +65,36 @@ const (
 	sealAll         = 0x1 | 0x2 | 0x4 | 0x8 // F_SEAL_SEAL, SHRINK, GROW, WRITE
 )
 
+// sealAttempts is how many times sealMemfd asks for the seals. F_SEAL_WRITE
+// waits for the file's pages that something else holds pinned for a moment
+// (page migration or compaction under memory pressure: the kernel's
+// memfd_wait_for_pins) and gives up with EBUSY after about 75 ms; a CI run
+// loading forty model versions met it once.
+const sealAttempts = 5
+
+// addSeals adds every seal to the memfd fd (fcntl F_ADD_SEALS).
+func addSeals(fd uintptr) syscall.Errno {
+	_, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, fAddSeals, sealAll)
+	return errno
+}
+
+// sealMemfd seals fd with add, asking again after a pause while the kernel
+// answers EBUSY, sealAttempts times in all.
+func sealMemfd(fd uintptr, add func(uintptr) syscall.Errno) error {
+	for attempt := 1; ; attempt++ {
+		errno := add(fd)
+		switch {
+		case errno == 0:
+			return nil
+		case errno != syscall.EBUSY:
+			return fmt.Errorf("sealing the copy: %w", errno)
+		case attempt == sealAttempts:
+			return fmt.Errorf("sealing the copy: %w (%d attempts)", errno, attempt)
+		}
+		time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+	}
+}
+
 // sealLibrary copies the file at path into a sealed memfd, hashing it on the
 // way, and checks its ELF structure there.
 func sealLibrary(path string) (*sealedLibrary, error) {
@@ -105,9 +136,7 @@ func sealUnchecked(name string, src io.Reader) (*sealedLibrary, error) {
 	h := sha256.New()
 	size, err := io.Copy(io.MultiWriter(mem, h), src)
 	if err == nil {
-		if _, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, fAddSeals, sealAll); errno != 0 {
-			err = fmt.Errorf("sealing the copy: %w", errno)
-		}
+		err = sealMemfd(fd, addSeals)
 	}
 	if err != nil {
 		mem.Close()
