@@ -59,26 +59,14 @@ func checkLibraryBinDigest(f *elf.File, symbols []elf.Symbol, bin *io.SectionRea
 // readLibraryBinDigest returns the digest the library records in
 // libraryBinDigestSymbol; "" when it has none.
 func readLibraryBinDigest(f *elf.File, symbols []elf.Symbol) (string, error) {
-	for _, sym := range symbols {
-		if sym.Name != libraryBinDigestSymbol || sym.Section == elf.SHN_UNDEF {
-			continue
-		}
-		if sym.Size != 2*sha256.Size+1 {
-			return "", fmt.Errorf("%s is %d bytes, not a SHA-256 in hex and its NUL", libraryBinDigestSymbol, sym.Size)
-		}
-		data, err := symbolData(f, sym)
-		if err != nil {
-			return "", err
-		}
-		raw, err := io.ReadAll(data)
-		if err != nil {
-			return "", fmt.Errorf("%s: %v", libraryBinDigestSymbol, err)
-		}
-		digest := string(raw[:2*sha256.Size])
-		if _, err := hex.DecodeString(digest); err != nil || raw[2*sha256.Size] != 0 || strings.ToLower(digest) != digest {
-			return "", fmt.Errorf("%s holds %q, not a SHA-256 in lowercase hex", libraryBinDigestSymbol, raw)
-		}
-		return digest, nil
+	raw, err := readRecord(f, symbols, libraryBinDigestSymbol, 2*sha256.Size+1, "a SHA-256 in hex and its NUL")
+	if raw == nil || err != nil {
+		return "", err
 	}
-	return "", nil
+	digest, rest, ended := strings.Cut(string(raw), "\x00")
+	if _, err := hex.DecodeString(digest); err != nil || len(digest) != 2*sha256.Size || !ended || rest != "" ||
+		strings.ToLower(digest) != digest {
+		return "", fmt.Errorf("%s holds %q, not a SHA-256 in lowercase hex and its NUL", libraryBinDigestSymbol, raw)
+	}
+	return digest, nil
 }

@@ -22,12 +22,24 @@ const maxCPUFlagsSize = 4096
 // readCPUFlags returns the flags the library records in cpuFlagsSymbol; nil
 // when it has none.
 func readCPUFlags(f *elf.File, symbols []elf.Symbol) ([]string, error) {
+	raw, err := readRecord(f, symbols, cpuFlagsSymbol, maxCPUFlagsSize, "a list of CPU flags")
+	if raw == nil || err != nil {
+		return nil, err
+	}
+	text, _, _ := strings.Cut(string(raw), "\x00")
+	return strings.Fields(text), nil
+}
+
+// readRecord returns the bytes of the data symbol name, a record the library
+// keeps of itself (what it is: say when over maxSize bytes); nil when the
+// library does not define it.
+func readRecord(f *elf.File, symbols []elf.Symbol, name string, maxSize uint64, what string) ([]byte, error) {
 	for _, sym := range symbols {
-		if sym.Name != cpuFlagsSymbol || sym.Section == elf.SHN_UNDEF {
+		if sym.Name != name || sym.Section == elf.SHN_UNDEF {
 			continue
 		}
-		if sym.Size > maxCPUFlagsSize {
-			return nil, fmt.Errorf("%s is %d bytes, more than a list of CPU flags", cpuFlagsSymbol, sym.Size)
+		if sym.Size > maxSize {
+			return nil, fmt.Errorf("%s is %d bytes, more than %s", name, sym.Size, what)
 		}
 		data, err := symbolData(f, sym)
 		if err != nil {
@@ -35,10 +47,9 @@ func readCPUFlags(f *elf.File, symbols []elf.Symbol) ([]string, error) {
 		}
 		raw, err := io.ReadAll(data)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %v", cpuFlagsSymbol, err)
+			return nil, fmt.Errorf("%s: %v", name, err)
 		}
-		text, _, _ := strings.Cut(string(raw), "\x00")
-		return strings.Fields(text), nil
+		return raw, nil
 	}
 	return nil, nil
 }
