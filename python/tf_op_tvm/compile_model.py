@@ -64,12 +64,13 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import cpu_schedule, math_lowering, split_slices, weight_layouts
+    from tf_op_tvm import cpu_schedule, math_lowering, split_slices, stacked_products, weight_layouts
     from tf_op_tvm.cpu_schedule.fallback import channel_innermost, parallel_elementwise
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import cpu_schedule
     import math_lowering
     import split_slices
+    import stacked_products
     import weight_layouts
     from cpu_schedule.fallback import channel_innermost, parallel_elementwise
 
@@ -175,14 +176,15 @@ def _naming(converter: Any, code: str, convert: Any) -> Any:
 def import_tflite(flatbuffer: bytes) -> Any:
     """The TFLite model as a Relax module, the layout changes TFLite puts on
     weights that are inputs undone (``weight_layouts``), each part of a split
-    a slice that fuses into where it is used (``split_slices``)."""
+    a slice that fuses into where it is used (``split_slices``), products of
+    one matrix by slices of one tensor one product (``stacked_products``)."""
     import tflite
     from tvm.relax.frontend.tflite import from_tflite
 
     _patch_flatten_to_nd()
     _name_failing_ops()
     mod = from_tflite(tflite.Model.GetRootAsModel(flatbuffer, 0))
-    return split_slices.split_to_slices(weight_layouts.simplify(mod))
+    return stacked_products.stack_sliced_products(split_slices.split_to_slices(weight_layouts.simplify(mod)))
 
 
 class NoLinkerError(Exception):

@@ -189,6 +189,76 @@ def test_the_unrolled_lstms_gates_fuse_with_the_parts_of_their_split(tmp_path: P
     assert [name for name in taken if "strided_slice" in name and "sigmoid" in name], taken
 
 
+def test_the_unrolled_lstms_steps_slice_one_product_of_their_inputs(tmp_path: Path) -> None:
+    """At batch 1, each step of the unrolled LSTM multiplied its own input row by
+    the input weights, after a take kernel of its own: one product of every
+    step's input now computes them all, and each step's kernel reads its row
+    of it (stacked_products)."""
+    model = _lstm()
+    concrete = tf.function(lambda t: model(t)).get_concrete_function(tf.TensorSpec((1, 32, 16), tf.float32))
+    taken = _rules_taken_by(unroll.unrolled(concrete), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    assert not [name for name in taken if "take" in name], taken
+    assert len([name for name in taken if "strided_slice" in name and "add" in name]) >= 31, taken
+
+
+_STEPS = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import tvm
+from tvm import relax
+from tvm.script import ir as I, relax as R
+import stacked_products
+
+@I.ir_module
+class Steps:
+    @R.function
+    def main(x: R.Tensor((4, 1, 3), "float32"), w: R.Tensor((3, 5), "float32"), v: R.Tensor((3, 5), "float32"),
+             y: R.Tensor((4, 8, 3), "float32")):
+        with R.dataflow():
+            a0 = R.matmul(R.take(x, R.const(0, "int32"), axis=0), w)
+            a1 = R.matmul(R.take(x, R.const(1, "int32"), axis=0), w)
+            a3 = R.matmul(R.take(x, R.const(3, "int32"), axis=0), w)
+            b2 = R.matmul(R.take(x, R.const(2, "int32"), axis=0), v)
+            c0 = R.matmul(R.take(y, R.const(0, "int32"), axis=0), w)
+            c1 = R.matmul(R.take(y, R.const(1, "int32"), axis=0), w)
+            d0 = R.matmul(R.take(x, R.const(0, "int32"), axis=2), R.const(np.ones((1, 5), "float32")))
+            d1 = R.matmul(R.take(x, R.const(1, "int32"), axis=2), R.const(np.ones((1, 5), "float32")))
+            R.output(a0, a1, a3, b2, c0, c1, d0, d1)
+        return (a0, a1, a3, b2, c0, c1, d0, d1)
+
+stacked = stacked_products.stack_sliced_products(Steps)
+ops = {}
+def record(call):
+    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
+        ops[call.op.name] = ops.get(call.op.name, 0) + 1
+relax.analysis.post_order_visit(stacked["main"], record)
+rng = np.random.default_rng(0)
+args = [rng.standard_normal(s).astype("float32") for s in ((4, 1, 3), (3, 5), (3, 5), (4, 8, 3))]
+def run(mod):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return [o.numpy() for o in vm["main"](*[tvm.runtime.tensor(a) for a in args])]
+same = all(np.array_equal(a, b) for a, b in zip(run(Steps), run(stacked), strict=True))
+print(json.dumps({"ops": ops, "same": same}))
+"""
+
+
+def test_products_of_slices_of_one_tensor_by_one_matrix_become_one_product(tmp_path: Path) -> None:
+    """Three of x's four rows by w: one product of x, sliced (and the outputs
+    the same to the bit). Left as they were: one row of x by v (a quarter of
+    the rows), products of 8 rows each (a register tile's worth: y), and
+    slices along the axis the products sum over (d)."""
+    script = tmp_path / "steps.py"  # TVMScript reads its source: a file, not -c
+    script.write_text(_STEPS)
+    result = subprocess.run([TVM_PYTHON, str(script), str(TVM_PACKAGE)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["same"]
+    assert found["ops"]["relax.matmul"] == 1 + 1 + 2 + 2, found  # a's one product; b, c and d as they were
+    assert found["ops"]["relax.take"] == 1 + 2 + 2, found
+    assert found["ops"]["relax.strided_slice"] == 3, found
+
+
 _SPLITS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
