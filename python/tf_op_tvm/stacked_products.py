@@ -17,8 +17,9 @@ reads all of W for one row), it takes at least two slices and at least half
 of those along its axis (the stacked product computes them all), and the
 shapes are static. The stacked product runs on the rows flattened to a
 matrix, which the matmul schedule tiles several rows at a time. The LSTM
-classifier at batch 1: 55 to 37 µs a call in TVM's VM (in one process, turn
-about), 4 kernels a step instead of 5, the outputs the same to the bit.
+classifier at batch 1: 55 to 37 µs a call in TVM's VM, 118 to 91 through the
+op (each in one process, turn about), 4 kernels a step instead of 5, the
+outputs the same to the bit.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def group_key(data: Any, index: Any, weight: Any, axis: int | None) -> tuple[int
     axis = int(axis) % dims.ndim
     extents = [int(d) for d in dims.shape]
     # Products of as many rows as the matmul schedule's register tiles hold
-    # read W once for that many rows already: the LSTM at batch 8 ran no
-    # faster stacked (151 µs a call in TVM's VM against 153, in one process).
+    # read W once for that many rows already: the LSTM at batch 8, stacked,
+    # was even in TVM's VM (151 µs a call against 153) and slower through the
+    # op (268 against 215), in one process, turn about.
     if axis == dims.ndim - 1 or math.prod(extents[:-1]) // extents[axis] >= MAX_TILE_ROWS:
         return None
     return data.__chandle__(), weight.__chandle__(), extents[axis]
