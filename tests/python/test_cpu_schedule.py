@@ -384,7 +384,8 @@ for name, (shape, subscripts, read) in products.items():
 for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     shape = (matmul.vector_lanes(target), matmul.accumulator_registers(target), matmul.broadcast_cost(target))
-    out[mcpu] = {f"{m}x{n}": matmul.tile_shape(m, n, *shape) for m, n in ((512, 128), (1, 512), (8, 10), (6, 100), (1, 1000))}
+    out[mcpu] = {f"{m}x{n}": matmul.tile_shape(m, n, *shape)
+                 for m, n in ((512, 128), (1, 512), (8, 10), (6, 100), (1, 1000))}
 print(json.dumps(out))
 """
 
