@@ -64,9 +64,10 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import cpu_schedule, math_lowering, split_slices, stacked_products, weight_layouts
+    from tf_op_tvm import batch_split, cpu_schedule, math_lowering, split_slices, stacked_products, weight_layouts
     from tf_op_tvm.cpu_schedule.fallback import channel_innermost, parallel_elementwise
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
+    import batch_split
     import cpu_schedule
     import math_lowering
     import split_slices
@@ -221,6 +222,8 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
     mod = import_tflite(tflite_path.read_bytes())
     imported = time.perf_counter()
     progress(f"imported the TFLite model into Relax in {imported - start:.2f} s")
+    if _is_cpu(target):
+        mod = batch_split.split_batch(mod, progress)
     if target == PORTABLE and trials > 0:
         raise ValueError("tuning measures this machine's CPU: tune for one target, not the portable levels")
     figures: dict[str, Any] = {"import_s": imported - start, "tune_s": 0.0, "trials": trials, "compile_s": 0.0,
@@ -238,6 +241,12 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
         figures["levels"] = higher
         progress(f"built for {', '.join(X86_LEVELS)}: dsoop loads the highest this CPU has")
     print(json.dumps(figures))
+
+
+def _is_cpu(target: dict[str, object] | str) -> bool:
+    import tvm
+
+    return target == PORTABLE or tvm.target.Target(target).kind.name == "llvm"
 
 
 def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
