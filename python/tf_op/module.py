@@ -13,8 +13,9 @@ from typing import Any, Union
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context, record  # op callbacks, tapes: TF has no public way to ask
 
-from tf_op import _library
+from tf_op import _eager, _library
 
 #: What an output shape may be: a list of ints; None for the shape of the first
 #: input; a 1-D int32/int64 tensor; or a list mixing ints and scalar int tensors.
@@ -271,6 +272,9 @@ class _EagerAttrs:
     tf.Module's tracking, as they hold the library's tensor."""
 
     attrs: dict[tf.DType | None, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: The function's entry for eager calls without the op (tf_op._eager): None
+    #: until the first eager call makes it, False where the op always runs.
+    call: _eager.EagerCall | None | bool = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +399,12 @@ class Func(tf.Module):
         """The op's outputs, a list, for ``inputs``: tensors already, which it
         passes as they are (``__call__`` converts its arguments first; a
         conversion costs about 3 µs an input), on the device ``__call__`` gives
-        it, if any."""
+        it, if any. An eager call that nothing watches, of a function that
+        returns its outputs, calls it without TF's op dispatch (tf_op._eager)."""
+        if self._eager.call is not False and tf.executing_eagerly():
+            outputs = self._called_directly(inputs)
+            if outputs is not None:
+                return outputs
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
             dims, attrs = self._op_attrs(inputs)
             return _library.load().tvmdso_op(
@@ -403,6 +412,46 @@ class Func(tf.Module):
                 output_dims=dims,  # none when every shape is static: no input for TF to deliver
                 **attrs,
             )
+
+    def _called_directly(self, inputs: list[tf.Tensor]) -> list[tf.Tensor] | None:
+        """The outputs for ``inputs`` from the op library's eager entry, or None
+        where the op must run: a tape that could record it or an op callback
+        (which must see the op), a function or input the entry does not take."""
+        if record.could_possibly_record() or context.context().op_callbacks:
+            return None
+        call = self._eager.call
+        if call is None:
+            call = self._eager.call = self._eager_call()
+            if call is False:
+                return None
+        outputs = call(inputs)
+        if outputs is not None:
+            self._check_returned(outputs, inputs)
+        return outputs
+
+    def _eager_call(self) -> _eager.EagerCall | bool:
+        """The eager entry for this function, or False where the op always runs:
+        a function with output buffers, a relay.build model, a GPU TF could put
+        the op on."""
+        device = tf.DeviceSpec.from_string(self.device).device_type if self.device is not None else None
+        if (not self.returns or self.module.graph_files or device not in (None, "CPU")
+                or (device is None and _eager.tf_may_place_on_a_gpu())):
+            return False
+        path = self.module.library_path.numpy().decode()
+        return _eager.EagerCall(path, self.func_name, self.module.sha256, len(self._outputs.shapes), self.alignment)
+
+    def _check_returned(self, outputs: list[tf.Tensor], inputs: list[tf.Tensor]) -> None:
+        """What the function returned against the declared dtypes and shapes, as
+        the op checks it."""
+        for i, (out, shape, dtype) in enumerate(zip(outputs, self._outputs.shapes, self._outputs.dtypes)):
+            want = dtype if dtype is not None else inputs[0].dtype
+            if out.dtype != want:
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"TVMDSOOp: {self}: output {i} is {out.dtype.name}, but the op declares {want.name}")
+            if shape is not None and not tf.TensorShape(shape).is_compatible_with(out.shape):
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"TVMDSOOp: {self}: output {i} has shape {_shape_text(out.shape)}, but the op "
+                                f"declares {_shape_text(tf.TensorShape(shape))}")
 
     def _op_attrs(self, inputs: list[tf.Tensor]) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """The op's run-time output sizes and its other arguments, for these inputs.
@@ -460,6 +509,13 @@ class Func(tf.Module):
 
     def __repr__(self) -> str:
         return f"function {self.func_name!r} of {self.module.lib_path}"
+
+
+def _shape_text(shape: tf.TensorShape) -> str:
+    """A shape as the op's messages write it (TF's ``DebugString``): ``[4,?,10]``."""
+    if shape.rank is None:
+        return "<unknown>"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 def _in_tf1_graph() -> bool:

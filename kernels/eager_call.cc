@@ -1,0 +1,241 @@
+// eager_call.cc: eager calls of a function that returns its outputs, from Python
+// through ctypes (tf_op/_eager.py), without TF's op dispatch. TF's eager
+// execution of one op costs 25-45 µs on a 2-core Zen 4, more than a small
+// model's whole call in TVM. The inputs come as DLPack tensors TF lends
+// (tf.experimental.dlpack.to_dlpack), the outputs go back as DLPack tensors TF
+// takes (from_dlpack). The function is resolved once, by Go, as a kernel's is,
+// and shared with the kernels of the same function (resolved.h); a call is C++
+// calling the model's VM or the function, as the kernel's call is.
+//
+// TVMDSOOpEagerOpen(lib_path, func_name, sha256, &handle, &message)
+//   resolves the function on the CPU: 0, or a TF status code and a malloc'ed
+//   message.
+// TVMDSOOpEagerClose(handle) gives it back.
+// TVMDSOOpEagerCall(handle, inputs, num_in, alignment, outputs, num_out, &message)
+//   calls it. kUseTheOp (-1), having taken nothing, where the op would do more
+//   than lend the inputs (an input on another device, or not at `alignment`: the
+//   op copies it); else it has taken every input (each one's deleter runs when
+//   TVM drops it, whatever happens), and returns 0 with num_out DLPack views in
+//   outputs, the caller's, or a TF status code and a malloc'ed message.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "dsoop/dsoop.h"
+#include "dsoop/vm.h"
+#include "kernels/aligned_buffer.h"
+#include "kernels/dlpack_tensor.h"
+#include "kernels/resolved.h"
+#include "kernels/status.h"
+#include "_cgo_export.h"
+
+namespace tvmdsoop {
+namespace internal {
+namespace {
+
+constexpr int kUseTheOp = -1;
+
+// TF's status codes (absl::StatusCode's values), for Python's tf.errors classes.
+constexpr int kInvalidArgument = 3;
+constexpr int kResourceExhausted = 8;
+constexpr int kInternal = 13;
+
+int Fail(int code, const std::string& message, char** out) {
+  *out = strdup(message.c_str());
+  return code;
+}
+
+int Fail(const ::tensorflow::Status& status, char** out) {
+  return Fail(static_cast<int>(status.code()), std::string(status.message()), out);
+}
+
+// The error's message, for a failure's own words.
+std::string Said(const DsoopError& err) { return err.message != nullptr ? err.message : ""; }
+
+struct ObjectReleaser {
+  void operator()(void* handle) const { dsoop_object_release(handle); }
+};
+using ObjectPtr = std::unique_ptr<void, ObjectReleaser>;
+
+// TF's alignment of a tensor's memory (EIGEN_MAX_ALIGN_BYTES): TF takes an
+// output below it as a copy, the op's kernel (returned_output.h) and this file alike.
+constexpr int64_t kTFAlignment = 64;
+
+// An output copied to TF's alignment, as a DLPack tensor that owns the copy.
+struct CopiedTensor {
+  DLManagedTensor managed;
+  AlignedBuffer data;
+  absl::InlinedVector<int64_t, 6> shape;
+
+  static void Delete(DLManagedTensor* self) { delete static_cast<CopiedTensor*>(self->manager_ctx); }
+};
+
+// The view as TF takes it: itself, or its copy at TF's alignment. What the op's
+// kernel refuses (a strided view; memory on a device) is refused the same way.
+int ForTF(const std::string& where, int i, ManagedPtr* view, char** message) {
+  const DLTensor& dl = (*view)->dl_tensor;
+  if (dl.device.device_type != kDLCPU) {
+    return Fail(kInternal,
+                absl::StrCat(where, ": output ", i, " is on device type ", dl.device.device_type, " ",
+                             dl.device.device_id, "; the op runs on device type ", kDLCPU, " 0"),
+                message);
+  }
+  if (!IsCompact(dl)) {
+    return Fail(kInvalidArgument,
+                absl::StrCat(where, ": output ", i, " is a strided view; the op takes compact tensors only"),
+                message);
+  }
+  const char* data = static_cast<const char*>(dl.data) + dl.byte_offset;
+  if (IsAligned(data, kTFAlignment)) return 0;
+  auto copy = std::make_unique<CopiedTensor>();
+  size_t bytes = (static_cast<size_t>(dl.dtype.bits) * dl.dtype.lanes + 7) / 8;
+  for (int d = 0; d < dl.ndim; ++d) {
+    copy->shape.push_back(dl.shape[d]);
+    bytes *= static_cast<size_t>(dl.shape[d]);
+  }
+  const ::tensorflow::Status allocated = AllocateAligned(bytes, kTFAlignment, &copy->data);
+  if (!allocated.ok()) return Fail(kResourceExhausted, absl::StrCat(where, ": output ", i, ": ",
+                                                                    allocated.message()), message);
+  if (bytes > 0) std::memcpy(copy->data.get(), data, bytes);
+  DLTensor& out = copy->managed.dl_tensor;
+  out = dl;
+  out.data = copy->data.get();
+  out.byte_offset = 0;
+  out.shape = copy->shape.data();
+  out.strides = nullptr;
+  copy->managed.manager_ctx = copy.get();
+  copy->managed.deleter = CopiedTensor::Delete;
+  view->reset(&copy.release()->managed);
+  return 0;
+}
+
+// What the function returned, released when it goes out of scope.
+struct Returned {
+  TVMFFIAny value{kTVMFFINone, 0, {0}};
+  ~Returned() {
+    if (value.type_index >= kTVMFFIStaticObjectBegin) dsoop_any_release(&value);
+  }
+};
+
+bool Lendable(const DLTensor& t, int64_t alignment) {
+  const auto address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  return t.device.device_type == kDLCPU && (alignment <= 1 || address % static_cast<uintptr_t>(alignment) == 0);
+}
+
+int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTensor** outputs, int num_out,
+         char** message) {
+  const std::string& where = fn.where;
+  absl::InlinedVector<ManagedPtr, 8> taken;
+  for (int i = 0; i < num_in; ++i) taken.emplace_back(inputs[i]);
+  if (fn.target.arity >= 0 && num_in != fn.target.arity) {
+    return Fail(kInvalidArgument,
+                absl::StrCat(where, ": the model's function takes ", fn.target.arity, " input(s), got ", num_in),
+                message);
+  }
+  DsoopError err = {nullptr, nullptr};
+  absl::InlinedVector<ObjectPtr, 8> lent;
+  absl::InlinedVector<TVMFFIAny, 8> args(num_in);
+  for (int i = 0; i < num_in; ++i) {
+    TVMFFIObjectHandle handle = nullptr;
+    if (dsoop_tensor_from_dlpack(taken[i].get(), &handle, &err) != 0) {
+      const std::string said = Said(err);
+      dsoop_error_clear(&err);
+      return Fail(kResourceExhausted, absl::StrCat(where, ": input ", i, ": ", said), message);
+    }
+    taken[i].release();  // TVM's now, deleted when it drops the tensor
+    lent.emplace_back(handle);
+    args[i].type_index = kTVMFFITensor;
+    args[i].zero_padding = 0;
+    args[i].v_obj = static_cast<TVMFFIObject*>(handle);
+  }
+  Returned result;
+  const int rc = fn.is_model() ? dsoop_vm_call(fn.target.pool, fn.target.vm_index, args.data(), num_in,
+                                               /*stream=*/nullptr, &result.value, &err)
+                               : dsoop_call(&fn.target.fn, args.data(), num_in, &result.value, &err);
+  if (rc != 0) {
+    const ::tensorflow::Status status = TVMCallFailure(where, err);
+    dsoop_error_clear(&err);
+    return Fail(status, message);
+  }
+  lent.clear();  // TVM keeps its own references to what it holds on to
+
+  absl::InlinedVector<TVMFFIObjectHandle, 4> handles(num_out, nullptr);
+  const int count = dsoop_result_tensors(&result.value, handles.data(), num_out, &err);
+  absl::InlinedVector<ObjectPtr, 4> returned;
+  for (TVMFFIObjectHandle h : handles) returned.emplace_back(h);
+  if (count < 0) {
+    const std::string said = Said(err);
+    dsoop_error_clear(&err);
+    return Fail(kInvalidArgument, absl::StrCat(where, ": ", said), message);
+  }
+  if (count != num_out) {
+    return Fail(kInvalidArgument,
+                absl::StrCat(where, ": returned ", count, " tensor(s), but the op declares ", num_out,
+                             " output(s) (output_shapes/output_dtypes)"),
+                message);
+  }
+  absl::InlinedVector<ManagedPtr, 4> views(num_out);
+  for (int i = 0; i < num_out; ++i) {
+    DLManagedTensor* view = nullptr;
+    if (dsoop_tensor_to_dlpack(returned[i].get(), &view, &err) != 0) {
+      const std::string said = Said(err);
+      dsoop_error_clear(&err);
+      return Fail(kInternal, absl::StrCat(where, ": output ", i, ": ", said), message);
+    }
+    views[i].reset(view);
+    if (const int failed = ForTF(where, i, &views[i], message); failed != 0) return failed;
+  }
+  for (int i = 0; i < num_out; ++i) outputs[i] = views[i].release();
+  return 0;
+}
+
+}  // namespace
+}  // namespace internal
+}  // namespace tvmdsoop
+
+extern "C" {
+
+__attribute__((visibility("default"))) int TVMDSOOpEagerOpen(const char* lib_path, const char* func_name,
+                                                             const char* sha256, const void** handle,
+                                                             char** message) {
+  using tvmdsoop::internal::Resolved;
+  *handle = nullptr;
+  *message = nullptr;
+  auto r = std::make_unique<Resolved>();
+  r->lib_path = lib_path;
+  r->where = absl::StrCat("TVMDSOOp: function '", func_name, "' of ", lib_path);
+  char* said = nullptr;
+  const int code = tvmdsoopResolve(const_cast<char*>(lib_path), const_cast<char*>(func_name),
+                                   const_cast<char*>(sha256), /*graph=*/nullptr, kDLCPU, /*device_id=*/0,
+                                   /*allow_models=*/1, &r->target, &said);
+  if (code != 0) {
+    *message = strdup(absl::StrCat(r->where, ": ", said != nullptr ? said : "unknown error").c_str());
+    std::free(said);
+    return code;
+  }
+  *handle = tvmdsoop::internal::Shared(std::move(r));
+  return 0;
+}
+
+__attribute__((visibility("default"))) void TVMDSOOpEagerClose(const void* handle) {
+  tvmdsoop::internal::Release(static_cast<const tvmdsoop::internal::Resolved*>(handle));
+}
+
+__attribute__((visibility("default"))) int TVMDSOOpEagerCall(const void* handle, DLManagedTensor** inputs,
+                                                             int num_in, int64_t alignment,
+                                                             DLManagedTensor** outputs, int num_out,
+                                                             char** message) {
+  using namespace tvmdsoop::internal;  // NOLINT: this file's own helpers
+  *message = nullptr;
+  for (int i = 0; i < num_in; ++i) {
+    if (!Lendable(inputs[i]->dl_tensor, alignment)) return kUseTheOp;
+  }
+  return Call(*static_cast<const Resolved*>(handle), inputs, num_in, outputs, num_out, message);
+}
+
+}  // extern "C"
