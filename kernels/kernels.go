@@ -5,6 +5,8 @@
 //   - tvm_dso_op_kernel.cc, legacy_kernel.cc: each op's kernel, with its CPU
 //     and GPU registrations
 //   - call.h: what both kernels share: resolving the function, the per-call path
+//   - eager_call.cc: tf_op's eager calls of a returning function without the op
+//     (TVMDSOOpEager*, through ctypes), resolved as a kernel resolves it
 //   - resolved.h: a resolved function, one Resolved per function, counted
 //   - placement.h: CPU and GPU placement (buffers, copies, TF's stream)
 //   - dlpack_tensor.h: TF tensors in DLPack's terms
