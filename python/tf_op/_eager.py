@@ -69,6 +69,11 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
 }
 
 
+#: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list).
+_LENDABLE = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
+                       tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128))
+
+
 def error(code: int, message: str) -> tf.errors.OpError:
     """The tf.errors exception the op raises for a status ``code``."""
     return _ERRORS.get(code, tf.errors.UnknownError)(None, None, message)
@@ -116,7 +121,10 @@ class EagerCall:
 
     def __call__(self, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor] | None:
         """The function's outputs for ``inputs``, or None where the op must run
-        it (an input on another device, or not at the function's alignment)."""
+        it (an input DLPack cannot lend, on another device, or not at the
+        function's alignment)."""
+        if not all(t.dtype in _LENDABLE for t in inputs):
+            return None  # TF's to_dlpack aborts the process on a string tensor: the op says what it takes
         capsules = [tf.experimental.dlpack.to_dlpack(t) for t in inputs]
         pointers = (ctypes.c_void_p * len(capsules))(*[_capsule_pointer(c, b"dltensor") for c in capsules])
         outputs = self._outputs_type()

@@ -432,9 +432,10 @@ class Func(tf.Module):
     def _eager_call(self) -> _eager.EagerCall | bool:
         """The eager entry for this function, or False where the op always runs:
         a function with output buffers, a relay.build model, a GPU TF could put
-        the op on."""
+        the op on, ``TVMDSOOP_EAGER_ENTRY=0`` (every eager call an op that TF's
+        profiler and tracing see)."""
         device = tf.DeviceSpec.from_string(self.device).device_type if self.device is not None else None
-        if (not self.returns or self.module.graph_files or device not in (None, "CPU")
+        if (os.environ.get("TVMDSOOP_EAGER_ENTRY", "1") == "0" or not self.returns or self.module.graph_files or device not in (None, "CPU")
                 or (device is None and _eager.tf_may_place_on_a_gpu())):
             return False
         path = self.module.library_path.numpy().decode()

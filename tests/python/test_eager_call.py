@@ -94,3 +94,17 @@ def test_functions_with_output_buffers_keep_the_op(testlib: str) -> None:
     add_one = tf_op.Module(testlib).func("add_one")
     np.testing.assert_array_equal(add_one(tf.constant([1.0, 2.0])).numpy(), [2.0, 3.0])
     assert add_one._eager.call is False
+
+
+def test_the_entry_can_be_turned_off(ffi: tf_op.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TVMDSOOP_EAGER_ENTRY=0: every eager call the op's (TF's profiler sees ops)."""
+    monkeypatch.setenv("TVMDSOOP_EAGER_ENTRY", "0")
+    identity = ffi.func("identity", returns=True)
+    np.testing.assert_array_equal(identity(tf.constant([1.0, 2.0])).numpy(), [1.0, 2.0])
+    assert identity._eager.call is False
+
+
+def test_inputs_dlpack_cannot_lend_get_the_ops_error(ffi: tf_op.Module) -> None:
+    identity = ffi.func("identity", returns=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 0 has dtype string, which DLPack cannot describe"):
+        identity(tf.constant(["a", "b"]))
