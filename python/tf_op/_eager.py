@@ -4,12 +4,11 @@ TF's eager execution of one op (the TVMDSOOp of ``Func.run``) costs 25-45 µs on
 a 2-core Zen 4: attribute hashing, the eager kernel cache, the executor. For a
 small compiled model that is a third of its call (the peers benchmark's LSTM
 classifier at batch 1: 92 µs an eager op call, 59 through this entry, in one
-process, turn about). So an
-eager call that nothing else watches lends the inputs to the op library's
-``TVMDSOOpEagerCall`` (kernels/eager_call.cc) as DLPack tensors and takes the
-outputs back the same way, without a copy: the same function, resolved by the
-op library as a kernel's is (the library's digest checked, its VMs shared with
-the op's kernels), called from C++.
+process, turn about). So an eager call that nothing else watches lends the
+inputs to the op library's ``TVMDSOOpEagerCall`` (kernels/eager_call.cc) as
+DLPack tensors and takes the outputs back the same way, without a copy: the
+same function, resolved by the op library as a kernel's is (the library's
+digest checked, its VMs shared with the op's kernels), called from C++.
 
 ``Func.run`` calls it only where the op would run the same way: eagerly, with
 no tape that could record the call (a gradient needs the op), no op callback
