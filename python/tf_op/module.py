@@ -435,8 +435,8 @@ class Func(tf.Module):
         the op on, ``TVMDSOOP_EAGER_ENTRY=0`` (every eager call an op that TF's
         profiler and tracing see)."""
         device = tf.DeviceSpec.from_string(self.device).device_type if self.device is not None else None
-        if (os.environ.get("TVMDSOOP_EAGER_ENTRY", "1") == "0" or not self.returns or self.module.graph_files or device not in (None, "CPU")
-                or (device is None and _eager.tf_may_place_on_a_gpu())):
+        if (os.environ.get("TVMDSOOP_EAGER_ENTRY", "1") == "0" or not self.returns or self.module.graph_files
+                or device not in (None, "CPU") or (device is None and _eager.tf_may_place_on_a_gpu())):
             return False
         path = self.module.library_path.numpy().decode()
         return _eager.EagerCall(path, self.func_name, self.module.sha256, len(self._outputs.shapes), self.alignment)
