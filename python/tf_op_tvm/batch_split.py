@@ -156,8 +156,8 @@ def _rows(call: Any, rows: set[Any], batch: int) -> bool:
     if name in _ELEMENTWISE:
         return broadcast_apart()
     if name in _IMAGE_OPS:
-        first, second = (str(getattr(call.attrs, a)) for a in _IMAGE_OPS[name])
-        return (first[0] == "N" and second[0] == "N" and call.args[0] in rows
+        layout, out_layout = (str(getattr(call.attrs, a, "") or "") for a in _IMAGE_OPS[name])
+        return (layout.startswith("N") and (out_layout or layout).startswith("N") and call.args[0] in rows
                 and all(a not in rows for a in call.args[1:]))
     if name in _AXIS_OPS:
         axes = call.attrs.axis
