@@ -28,10 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "dsoop/dsoop.h"
 #include "dsoop/vm.h"
-#include "kernels/aligned_buffer.h"
-#include "kernels/dlpack_tensor.h"
-#include "kernels/resolved.h"
-#include "kernels/status.h"
+#include "kernels/call.h"
 #include "_cgo_export.h"
 
 namespace tvmdsoop {
@@ -57,16 +54,8 @@ int Fail(const ::tensorflow::Status& status, char** out) {
 // The error's message, for a failure's own words.
 std::string Said(const DsoopError& err) { return err.message != nullptr ? err.message : ""; }
 
-struct ObjectReleaser {
-  void operator()(void* handle) const { dsoop_object_release(handle); }
-};
-using ObjectPtr = std::unique_ptr<void, ObjectReleaser>;
-
-// TF's alignment of a tensor's memory (EIGEN_MAX_ALIGN_BYTES): TF takes an
-// output below it as a copy, the op's kernel (returned_output.h) and this file alike.
-constexpr int64_t kTFAlignment = 64;
-
-// An output copied to TF's alignment, as a DLPack tensor that owns the copy.
+// An output copied to TF's alignment (kTFAlignment: TF takes one below it as a
+// copy, in the kernel too), as a DLPack tensor that owns the copy.
 struct CopiedTensor {
   DLManagedTensor managed;
   AlignedBuffer data;
@@ -114,17 +103,10 @@ int ForTF(const std::string& where, int i, ManagedPtr* view, char** message) {
   return 0;
 }
 
-// What the function returned, released when it goes out of scope.
-struct Returned {
-  TVMFFIAny value{kTVMFFINone, 0, {0}};
-  ~Returned() {
-    if (value.type_index >= kTVMFFIStaticObjectBegin) dsoop_any_release(&value);
-  }
-};
-
+// Whether the kernel would lend the input as it is: on the CPU, at the alignment
+// (Func checks that it is a power of two).
 bool Lendable(const DLTensor& t, int64_t alignment) {
-  const auto address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
-  return t.device.device_type == kDLCPU && (alignment <= 1 || address % static_cast<uintptr_t>(alignment) == 0);
+  return t.device.device_type == kDLCPU && IsAligned(static_cast<const char*>(t.data) + t.byte_offset, alignment);
 }
 
 int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTensor** outputs, int num_out,
@@ -153,7 +135,7 @@ int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTens
     args[i].zero_padding = 0;
     args[i].v_obj = static_cast<TVMFFIObject*>(handle);
   }
-  Returned result;
+  ReturnedValue result;
   const int rc = fn.is_model() ? dsoop_vm_call(fn.target.pool, fn.target.vm_index, args.data(), num_in,
                                                /*stream=*/nullptr, &result.value, &err)
                                : dsoop_call(&fn.target.fn, args.data(), num_in, &result.value, &err);
