@@ -55,7 +55,7 @@ _IMAGE_OPS = {"relax.nn.conv2d": ("data_layout", "out_layout"), "relax.nn.max_po
 
 #: Operations over the axes their ``axis`` attr names.
 _AXIS_OPS = frozenset(f"relax.{name}" for name in ("mean", "sum", "max", "min", "prod", "nn.softmax",
-                                                  "nn.log_softmax", "concat"))
+                                                  "nn.log_softmax"))
 
 
 def split_batch(mod: Any, say: Callable[[str], None] = lambda _: None) -> Any:
@@ -165,8 +165,6 @@ def _rows(call: Any, rows: set[Any], batch: int) -> bool:
         rank = _static_rank(call.args[0])
         if axes is None or rank is None:
             return False  # over every axis: the batch's too
-        if name == "relax.concat" and not all(f in rows for f in call.args[0].fields):
-            return False
         return all(int(a) % rank != 0 for a in axes)
     if name == "relax.reshape":
         return True  # row-major, and axis 0 is the batch before and after: each sample's block maps to itself
