@@ -68,6 +68,9 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
 }
 
 
+_to_dlpack = tf.experimental.dlpack.to_dlpack
+_from_dlpack = tf.experimental.dlpack.from_dlpack
+
 #: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list).
 _LENDABLE = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
                        tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128))
@@ -122,13 +125,18 @@ class EagerCall:
         """The function's outputs for ``inputs``, or None where the op must run
         it (an input DLPack cannot lend, on another device, or not at the
         function's alignment)."""
-        if not all(t.dtype in _LENDABLE for t in inputs):
-            return None  # TF's to_dlpack aborts the process on a string tensor: the op says what it takes
-        capsules = [tf.experimental.dlpack.to_dlpack(t) for t in inputs]
-        pointers = (ctypes.c_void_p * len(capsules))(*[_capsule_pointer(c, b"dltensor") for c in capsules])
+        count = len(inputs)
+        pointers = (ctypes.c_void_p * count)()
+        capsules = []
+        for i, t in enumerate(inputs):
+            if t.dtype not in _LENDABLE:
+                return None  # TF's to_dlpack aborts the process on a string tensor: the op says what it takes
+            capsule = _to_dlpack(t)
+            capsules.append(capsule)
+            pointers[i] = _capsule_pointer(capsule, b"dltensor")
         outputs = self._outputs_type()
         message = ctypes.c_void_p()
-        code = self._call(self._handle, pointers, len(capsules), self._alignment, outputs, self._num_outputs,
+        code = self._call(self._handle, pointers, count, self._alignment, outputs, self._num_outputs,
                           ctypes.byref(message))
         if code == _USE_THE_OP:
             return None
@@ -152,7 +160,7 @@ def _take(pointer: int) -> tf.Tensor:
     the view given back where TF refuses it (and has not taken it)."""
     capsule = _capsule_new(pointer, b"dltensor", None)
     try:
-        return tf.experimental.dlpack.from_dlpack(capsule)
+        return _from_dlpack(capsule)
     except BaseException:
         if _capsule_unused(capsule, b"dltensor"):
             _give_back(pointer)

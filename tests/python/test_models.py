@@ -327,6 +327,8 @@ def test_model_layer_needs_output_shapes(models_dir: Path, mlp_params: list[np.n
         ("declared dtype", tf.errors.InvalidArgumentError, r"output 0 is float32, but the op declares (double|float64)"),
         ("declared shape", tf.errors.InvalidArgumentError, r"output 0 has shape \[4,10\], but the op declares \[3,10\]"),
         ("declared rank", tf.errors.InvalidArgumentError, r"output 0 has shape \[4,10\], but the op declares \[4,10,1\]"),
+        ("declared shape, one dimension free", tf.errors.InvalidArgumentError,
+         r"output 0 has shape \[4,10\], but the op declares \[\?,9\]"),
         ("output count", tf.errors.InvalidArgumentError, r"returned 1 tensor\(s\), but the op declares 2 output"),
         ("VM shape check", tf.errors.InvalidArgumentError,
          r"'main'.*: input 0 \(\w+\) does not match the model's signature, which expects R\.Tensor\(\(4, 16, 16, 3\), "
@@ -348,6 +350,7 @@ def test_model_errors(models_dir: Path, keras_cnn: keras.Model, case: str, error
         "declared dtype": lambda: cnn.func("main", output_dtype=tf.float64)(x),
         "declared shape": lambda: cnn.func("main", output_shape=[3, 10])(x),
         "declared rank": lambda: cnn.func("main", output_shape=[4, 10, 1])(x),
+        "declared shape, one dimension free": lambda: cnn.func("main", output_shape=[None, 9])(x),
         "output count": lambda: cnn.func("main", output_shapes=[None, None])(x),
         "VM shape check": lambda: cnn.func("main")(tf.constant(images(2, 0))),
         "VM rank check": lambda: cnn.func("main", output_shape=[4, 10], output_dtype=tf.float32)(x[0]),
@@ -356,8 +359,9 @@ def test_model_errors(models_dir: Path, keras_cnn: keras.Model, case: str, error
     }
     with pytest.raises(error, match=f"(?s){pattern}"):
         calls[case]()
-    got = cnn.func("main", output_shape=[4, 10])(x)
-    assert np.max(np.abs(got.numpy() - keras_cnn(x, training=False).numpy())) < ATOL
+    for shape in ([4, 10], [None, 10]):
+        got = cnn.func("main", output_shape=shape)(x)
+        assert np.max(np.abs(got.numpy() - keras_cnn(x, training=False).numpy())) < ATOL
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])

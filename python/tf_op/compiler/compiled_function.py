@@ -40,13 +40,15 @@ class _Compiled:
     func: Func
     structure: Any
     variables: tuple[tuple[tf.Variable, Any], ...]
+    #: Whether ``structure`` is nested (a tuple, dict...) rather than one tensor.
+    nested: bool
 
     def outputs(self, tensors: Sequence[tf.Tensor]) -> Any:
         """The op's outputs for ``tensors`` (of the signature's dtypes already),
         in the original function's structure: a single tensor as it is, without
         tf.nest (2 µs an eager call)."""
         flat = self.func.run(list(tensors))
-        return tf.nest.pack_sequence_as(self.structure, flat) if tf.nest.is_nested(self.structure) else flat[0]
+        return tf.nest.pack_sequence_as(self.structure, flat) if self.nested else flat[0]
 
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -116,7 +118,7 @@ class CompiledFunction(tf.Module):
                    for a, s in zip(args, state.input_signature)]
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
-        compiled = state.compiled.get(tuple(tuple(t.shape) for t in tensors)) if eager else None
+        compiled = state.compiled.get(tuple(tuple(t.shape.as_list()) for t in tensors)) if eager else None
         if compiled is not None:
             return self._recorded(compiled.outputs, tensors) if record.could_possibly_record() else compiled.outputs(tensors)
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
@@ -286,7 +288,8 @@ class CompiledFunction(tf.Module):
         progress.stage(f"loaded {lib_path} in {time.perf_counter() - start:.2f} s")
         keras_variables = {id(v.value): v for v in state.layer.variables} if state.layer else {}
         variables = tuple((v, keras_variables.get(id(v), v)) for v in concrete.trainable_variables)
-        return _Compiled(lib_path, func, concrete.structured_outputs, variables)
+        structure = concrete.structured_outputs
+        return _Compiled(lib_path, func, structure, variables, tf.nest.is_nested(structure))
 
     def __repr__(self) -> str:
         return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
