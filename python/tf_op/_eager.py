@@ -68,6 +68,8 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
 }
 
 
+#: TF's DLPack exchange, looked up once rather than through three modules on
+#: every call.
 _to_dlpack = tf.experimental.dlpack.to_dlpack
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 
