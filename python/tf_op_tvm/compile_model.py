@@ -65,7 +65,7 @@ from typing import Any
 
 if __package__:
     from tf_op_tvm import batch_split, cpu_schedule, math_lowering, split_slices, stacked_products, weight_layouts
-    from tf_op_tvm.cpu_schedule.fallback import channel_innermost, parallel_elementwise
+    from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
     import cpu_schedule
@@ -73,7 +73,7 @@ else:  # run by path (never through the package: another tf_op_tvm may come firs
     import split_slices
     import stacked_products
     import weight_layouts
-    from cpu_schedule.fallback import channel_innermost, parallel_elementwise
+    from cpu_schedule.fallback import schedule_blocks
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
 #: and the flags /proc/cpuinfo lists for them. Other LLVM features (tuning hints,
@@ -401,9 +401,13 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     target = tvm.target.Target(target_json)
     start = time.perf_counter()
     with target:
+        # Each kernel knows which of its inputs are the model's weights (as in
+        # cpu_pipeline), so that MetaSchedule's candidates may repack them at
+        # compile time as the default schedules do, and are timed without it.
         mod = tvm.transform.Sequential([relax.transform.DecomposeOpsForInference(),
                                         relax.transform.CanonicalizeBindings(),
-                                        relax.get_pipeline("zero")])(mod)
+                                        relax.get_pipeline("zero"),
+                                        relax.transform.AttachAttrLayoutFreeBuffers()])(mod)
     tasks = ms.relax_integration.extract_tasks(mod, target)
 
     def has_record(task: Any) -> bool:
@@ -415,17 +419,69 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
             progress(f"{len(tasks) - len(new)} of {len(tasks)} kernels were tuned before "
                      f"(in {database_dir}): their schedules are reused")
         if new:
-            measure(new, target, trials, database, start)
-        # A kernel none of whose candidates built and ran keeps its untuned form:
-        # say how many did, and fail when none did (the user asked for tuning).
+            if measure(new, target, trials, database, start) == 0:
+                raise RuntimeError(f"tuning found no working candidate for any of the {len(new)} kernels "
+                                   "(MetaSchedule's log above says why)")
+            tuned_secs = {task: best_secs(database, task) for task in new}
+            # After the search, not before: its first candidates would be the
+            # database's best for the task, and MetaSchedule's postprocessing
+            # fails on a default schedule that repacked a weight already.
+            seeded = seed(new, target, database)
+            won = sum(tuned_secs[task] < secs for task, secs in seeded.items())
+            default_us, kept_us = (sum(task.weight * secs for task, secs in seeded.items()) * 1e6,
+                                   sum(task.weight * min(secs, tuned_secs[task]) for task, secs in seeded.items()) * 1e6)
+            progress(f"MetaSchedule's kernels ran faster than the default schedules' for {won} of "
+                     f"{len(seeded)} kernels, the others keep the default schedule: their calls take "
+                     f"{kept_us:.1f} µs instead of {default_us:.1f}")
+        # A kernel none of whose candidates built and ran, its default included,
+        # keeps its untuned form.
         tuned = sum(has_record(task) for task in tasks)
-        if tuned == 0:
-            raise RuntimeError(f"tuning found no working candidate for any of the {len(tasks)} kernels "
-                               "(MetaSchedule's log above says why)")
         with target, database:
             mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
     return mod, target
+
+
+def seed(tasks: list[Any], target: Any, database: Any) -> dict[Any, float]:
+    """Commits each task's default schedule (``cpu_schedule``'s, what an untuned
+    compile runs) to ``database``, built and timed as MetaSchedule's candidates
+    are: the kernel applied is MetaSchedule's only where it runs faster than
+    the default. (MetaSchedule's search starts from random schedules of its
+    design space: with a few trials a kernel, on this project's models, most
+    ran slower than the defaults.) Returns the seconds a call of each seeded
+    task took; a default that fails to build or run is left out, and said."""
+    from tvm.s_tir import meta_schedule as ms
+
+    schedules = {task: cpu_schedule.default_schedule(task.dispatched[0]["main"], target) for task in tasks}
+    built = ms.builder.LocalBuilder(f_build=build_candidate).build(
+        [ms.builder.BuilderInput(sch.mod, target) for sch in schedules.values()])
+    runs = ms.runner.LocalRunner().run(
+        [ms.runner.RunnerInput(result.artifact_path, "cpu", ms.arg_info.ArgInfo.from_entry_func(sch.mod))
+         for sch, result in zip(schedules.values(), built) if result.error_msg is None])
+    runs_of = iter(runs)
+    seconds: dict[Any, float] = {}
+    for (task, sch), result in zip(schedules.items(), built):
+        run = next(runs_of).result() if result.error_msg is None else None
+        error = result.error_msg if run is None else run.error_msg
+        if error is not None:
+            progress(f"the default schedule of {task.task_name} did not run, so tuning does not compare "
+                     f"against it: {error.strip().splitlines()[-1]}")
+            continue
+        workload = database.commit_workload(task.dispatched[0])
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, workload, run.run_secs, target, ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
+        seconds[task] = mean_secs(run.run_secs)
+    return seconds
+
+
+def best_secs(database: Any, task: Any) -> float:
+    """Seconds a call of the fastest kernel ``database`` holds for ``task``."""
+    best = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
+    return mean_secs(best[0].run_secs) if best else float("inf")
+
+
+def mean_secs(run_secs: Any) -> float:
+    return sum(float(secs) for secs in run_secs) / len(run_secs)
 
 
 @contextlib.contextmanager
@@ -459,9 +515,10 @@ def try_lock(lock: Any) -> bool:
     return True
 
 
-def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: float) -> None:
+def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: float) -> int:
     """Tunes ``tasks`` (MetaSchedule's extracted tasks) with ``trials`` measured
-    candidates shared evenly among them, into ``database``."""
+    candidates shared evenly among them, into ``database``. Returns how many
+    candidates built and ran."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
@@ -472,25 +529,30 @@ def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: fl
 
     @derived_object
     class Progress(PyMeasureCallback):
-        """Says how far tuning has got after each batch of candidates is measured."""
+        """Says how far tuning has got after each batch of candidates is
+        measured, and counts the candidates that built and ran."""
 
         def __init__(self) -> None:
-            self.measured = 0
+            self.measured = self.working = 0
 
-        def apply(self, task_scheduler: Any, task_id: int, candidates: list[Any], *results: Any) -> None:
+        def apply(self, task_scheduler: Any, task_id: int, candidates: list[Any], builds: list[Any],
+                  runs: list[Any]) -> None:
             if not candidates:  # a task whose search space is spent asks again with none
                 return
             self.measured += len(candidates)
+            self.working += sum(run.error_msg is None for run in runs)
             progress(f"tuning: {self.measured} of {trials} trials measured "
                      f"({time.perf_counter() - start:.0f} s)")
 
+    counter = Progress()
     with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
         ms.tune.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
             max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
             builder=ms.builder.LocalBuilder(f_build=build_candidate), database=database,
-            measure_callbacks=[*ms.MeasureCallback.create("default"), Progress()])
+            measure_callbacks=[*ms.MeasureCallback.create("default"), counter])
+    return counter.working
 
 
 def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]:
@@ -552,15 +614,13 @@ def cpu_pipeline(target: Any) -> Any:
             # MetaSchedule's kernels and cpu_schedule's carry their own schedule: only counted.
             fresh = not (func.attrs and func.attrs.get("tirx.is_scheduled"))
             sch = s_tir.Schedule(func)
-            for block in sch.get_child_blocks(sch.get_sblock("root")):
-                if fresh and any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
-                    reductions += 1
-                    scheduled += channel_innermost(sch, block)
-                elif fresh:
-                    parallel_elementwise(sch, block)
-                parallel += any(sch.get(loop).kind == tirx.ForKind.PARALLEL for loop in sch.get_loops(block))
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
             if fresh:
+                found, took = schedule_blocks(sch)
+                reductions, scheduled = reductions + found, scheduled + took
                 mod[gvar] = sch.mod["main"]
+            parallel += sum(any(sch.get(loop).kind == tirx.ForKind.PARALLEL for loop in sch.get_loops(block))
+                            for block in blocks)
         progress(f"scheduled {scheduled} of {reductions} reductions with the output channel innermost; "
                  f"{parallel} loop nests run on TVM's threads")
         return mod

@@ -582,7 +582,8 @@ TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
                     reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
 def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A small budget (16 trials, about a minute): what is checked is that the
-    tuned kernels keep their schedule, that the faster of the tuned and the
+    tuned kernels keep their schedule, that each kernel's default schedule is
+    timed beside MetaSchedule's candidates, that the faster of the tuned and the
     untuned library is kept, that it is right, cached under its own key, and
     that a later model with the same kernels reuses what tuning found."""
     model, x = _mlp(), _inputs(4, 16)
@@ -592,6 +593,11 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
     assert re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "no progress while tuning"
+    kept = re.search(r"MetaSchedule's kernels ran faster than the default schedules' for [0-2] of 2 kernels, "
+                     r"the others keep the default schedule: their calls take ([0-9.]+) µs instead of ([0-9.]+)",
+                     caplog.text)
+    assert kept and float(kept[1]) <= float(kept[2]), caplog.text
+    assert _default_schedule_records(tmp_path) == 2, "the database lacks a default schedule's record"
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text), "tuning found nothing to apply"
     assert "scheduled 0 of 0 reductions" in caplog.text, "the schedule step touched tuned kernels"
     assert re.search(r"a call takes [0-9.]+ µs tuned, [0-9.]+ µs untuned: keeping the \w+ library", caplog.text)
@@ -611,6 +617,16 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert "2 of 2 kernels were tuned before" in caplog.text, caplog.text
     assert not re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "tuned again"
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text)
+
+
+def _default_schedule_records(cache_dir: Path) -> int:
+    """Records in the tuning databases under ``cache_dir`` (MetaSchedule's JSON
+    lines: a workload's index, then the trace, a list of instructions and their
+    decisions) whose schedule samples nothing: the default schedules', since
+    every candidate of MetaSchedule's search samples tile sizes or unrolling."""
+    records = [json.loads(line) for path in cache_dir.rglob("database_tuning_record.json")
+               for line in path.read_text().splitlines()]
+    return sum(not any(inst[0].startswith("Sample") for inst in trace[0]) for _, (trace, *_rest) in records)
 
 
 def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,10 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import conv, elementwise, matmul, pool, reduction
+from tvm import s_tir
+
+from . import conv, elementwise, fallback, matmul, pool, reduction
 
 
 def rules(target: Any) -> list[Any]:
     """The rules for an llvm ``target``, most specific first."""
     return [*conv.rules(target), *pool.rules(target), *matmul.rules(target), *reduction.rules(target),
             *elementwise.rules(target)]
+
+
+def default_schedule(func: Any, target: Any) -> Any:
+    """The schedule of the PrimFunc ``func`` in an untuned compile for
+    ``target``: the first rule's that takes it, else the fallback's."""
+    for rule in rules(target):
+        sch = rule.apply(func, target, False)
+        if sch is not None:
+            return sch
+    sch = s_tir.Schedule(func)
+    fallback.schedule_blocks(sch)
+    return sch

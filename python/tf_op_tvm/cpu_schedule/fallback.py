@@ -23,6 +23,20 @@ from .lanes import PARALLEL_MIN_WORK
 CHANNEL_CHUNKS = 8
 
 
+def schedule_blocks(sch: Any) -> tuple[int, int]:
+    """Schedules each block of ``sch``'s function: a reduction by
+    ``channel_innermost``, any other by ``parallel_elementwise``. Returns how
+    many blocks reduce, and how many of them ``channel_innermost`` took."""
+    reductions = scheduled = 0
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if any(int(v.iter_type) == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars):
+            reductions += 1
+            scheduled += channel_innermost(sch, block)
+        else:
+            parallel_elementwise(sch, block)
+    return reductions, scheduled
+
+
 def channel_innermost(sch: Any, block: Any) -> bool:
     """Moves the loop over ``block``'s output's last dimension inside its
     reduction loops, where every input that it indexes, it indexes in the last
