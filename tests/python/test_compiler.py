@@ -577,6 +577,44 @@ def test_exp_and_log_lower_to_polynomials_within_an_ulp(target: dict[str, str]) 
 
 TUNING_MODULES = ("psutil", "cloudpickle", "xgboost")
 
+#: Run on the TVM Python, the worker run from its file as it runs (a module no
+#: other process can import, so its functions travel by value): a softmax-like
+#: kernel built by MetaSchedule's builder (its own processes) with the worker's
+#: build function; prints the C math functions the object calls.
+_TUNING_BUILD = """
+import runpy, subprocess, sys, tarfile, tempfile
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+x = te.placeholder((64, 128), "float32", name="x")
+y = te.compute(x.shape, lambda i, j: te.exp(x[i, j]), name="y")
+func = te.create_prim_func([x, y])
+sch = tvm.s_tir.Schedule(func)
+sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("y"))[1], [None, 16])[1])
+target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3"})
+(result,) = ms.builder.LocalBuilder(f_build=worker["build_candidate"]).build([ms.builder.BuilderInput(sch.mod, target)])
+assert result.error_msg is None, result.error_msg
+with tempfile.TemporaryDirectory() as tmp:
+    tarfile.open(result.artifact_path).extractall(tmp)
+    symbols = subprocess.run(f"nm -u {tmp}/*.o", shell=True, capture_output=True, text=True, check=True).stdout
+print(sorted({s.split()[-1] for s in symbols.splitlines() if s.split()[-1] in ("exp", "expf", "__expf_finite")}))
+"""
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuning_candidates_lower_math_as_the_compile_does() -> None:
+    """MetaSchedule builds candidates in processes of its own: there too,
+    float32 exp is the vector code of math_lowering, not libm's expf lane by
+    lane, or candidates (and the default schedules timed beside them) are timed
+    with math the library will not have."""
+    result = subprocess.run([TVM_PYTHON, "-c", _TUNING_BUILD, str(TVM_PACKAGE)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout
+
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
                     reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
