@@ -422,7 +422,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
             if measure(new, target, trials, database, start) == 0:
                 raise RuntimeError(f"tuning found no working candidate for any of the {len(new)} kernels "
                                    "(MetaSchedule's log above says why)")
-            tuned_secs = {task: best_secs(database, task) for task in new}
+            tuned_secs = {task: best_secs(database, task, target) for task in new}
             # After the search, not before: its first candidates would be the
             # database's best for the task, and MetaSchedule's postprocessing
             # fails on a default schedule that repacked a weight already.
@@ -474,10 +474,10 @@ def seed(tasks: list[Any], target: Any, database: Any) -> dict[Any, float]:
     return seconds
 
 
-def best_secs(database: Any, task: Any) -> float:
+def best_secs(database: Any, task: Any, target: Any) -> float:
     """Seconds a call of the fastest kernel ``database`` holds for ``task``."""
-    best = database.get_top_k(database.commit_workload(task.dispatched[0]), 1)
-    return mean_secs(best[0].run_secs) if best else float("inf")
+    best = database.query_tuning_record(task.dispatched[0], target, task.task_name)
+    return mean_secs(best.run_secs) if best is not None else float("inf")
 
 
 def mean_secs(run_secs: Any) -> float:
