@@ -426,7 +426,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
             # After the search, not before: its first candidates would be the
             # database's best for the task, and MetaSchedule's postprocessing
             # fails on a default schedule that repacked a weight already.
-            seeded = seed(new, target, database)
+            seeded = commit_default_schedules(new, target, database)
             won = sum(tuned_secs[task] < secs for task, secs in seeded.items())
             default_us, kept_us = (sum(task.weight * secs for task, secs in seeded.items()) * 1e6,
                                    sum(task.weight * min(secs, tuned_secs[task]) for task, secs in seeded.items()) * 1e6)
@@ -442,7 +442,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     return mod, target
 
 
-def seed(tasks: list[Any], target: Any, database: Any) -> dict[Any, float]:
+def commit_default_schedules(tasks: list[Any], target: Any, database: Any) -> dict[Any, float]:
     """Commits each task's default schedule (``cpu_schedule``'s, what an untuned
     compile runs) to ``database``, built and timed as MetaSchedule's candidates
     are: the kernel applied is MetaSchedule's only where it runs faster than
