@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Sequence
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe  # what tf.experimental.dlpack calls, without its Python frames
+from tensorflow.python.eager import context
 
 from tf_op import _library
 
@@ -68,10 +71,11 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
 }
 
 
-#: TF's DLPack exchange, looked up once rather than through three modules on
-#: every call.
-_to_dlpack = tf.experimental.dlpack.to_dlpack
-_from_dlpack = tf.experimental.dlpack.from_dlpack
+#: TF's DLPack exchange: the functions tf.experimental.dlpack's wrappers call,
+#: called directly (the wrappers' frames and context look-ups were a tenth of
+#: the Python in an eager call).
+_to_dlpack = pywrap_tfe.TFE_ToDlpackCapsule
+_from_dlpack_capsule = pywrap_tfe.TFE_FromDlpackCapsule
 
 #: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list).
 _LENDABLE = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
@@ -116,6 +120,10 @@ class EagerCall:
         self._num_outputs = num_outputs
         self._alignment = alignment
         self._outputs_type = ctypes.c_void_p * num_outputs
+        #: Each thread's argument arrays, made once rather than on every call
+        #: (ctypes objects cost a few hundred ns each to make); per thread, as
+        #: threads may call one function at once.
+        self._buffers = threading.local()
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)
@@ -128,7 +136,12 @@ class EagerCall:
         it (an input DLPack cannot lend, on another device, or not at the
         function's alignment)."""
         count = len(inputs)
-        pointers = (ctypes.c_void_p * count)()
+        buffers = self._buffers
+        pointers = getattr(buffers, "inputs", None)
+        if pointers is None or len(pointers) != count:
+            pointers = buffers.inputs = (ctypes.c_void_p * count)()
+            buffers.outputs, buffers.message = self._outputs_type(), ctypes.c_void_p()
+        outputs, message = buffers.outputs, buffers.message
         capsules = []
         for i, t in enumerate(inputs):
             if t.dtype not in _LENDABLE:
@@ -136,10 +149,9 @@ class EagerCall:
             capsule = _to_dlpack(t)
             capsules.append(capsule)
             pointers[i] = _capsule_pointer(capsule, b"dltensor")
-        outputs = self._outputs_type()
-        message = ctypes.c_void_p()
-        code = self._call(self._handle, pointers, count, self._alignment, outputs, self._num_outputs,
-                          ctypes.byref(message))
+        message.value = None
+        # ctypes passes the message by reference itself (the parameter is a pointer to its type).
+        code = self._call(self._handle, pointers, count, self._alignment, outputs, self._num_outputs, message)
         if code == _USE_THE_OP:
             return None
         for c in capsules:  # the op library has taken each (and deleted it, or will)
@@ -147,9 +159,10 @@ class EagerCall:
         if code != 0:
             raise error(code, _library.take_string(message.value))
         taken: list[tf.Tensor] = []
+        handle = context.context()._handle  # the eager context: initialized, as the inputs are its tensors
         try:
             for pointer in outputs:
-                taken.append(_take(pointer))
+                taken.append(_take(pointer, handle))
         except BaseException:
             for pointer in outputs[len(taken) + 1:]:  # TF refused one: the views after it go back
                 _give_back(pointer)
@@ -157,12 +170,12 @@ class EagerCall:
         return taken
 
 
-def _take(pointer: int) -> tf.Tensor:
+def _take(pointer: int, context_handle: object) -> tf.Tensor:
     """A TF tensor of a DLPack view the op library handed over, without a copy;
     the view given back where TF refuses it (and has not taken it)."""
     capsule = _capsule_new(pointer, b"dltensor", None)
     try:
-        return _from_dlpack(capsule)
+        return _from_dlpack_capsule(capsule, context_handle)
     except BaseException:
         if _capsule_unused(capsule, b"dltensor"):
             _give_back(pointer)

@@ -276,9 +276,9 @@ class _EagerAttrs:
     #: until the first eager call makes it, False where the op always runs.
     call: _eager.EagerCall | None | bool = None
     #: Per output, the declared dtype (None: the first input's) and shape (a
-    #: list, None where a dimension is not checked; None: the shape is not
+    #: tuple, None where a dimension is not checked; None: the shape is not
     #: checked), against which what the entry returns is checked.
-    declared: tuple[tuple[tf.DType | None, list[int | None] | None], ...] = ()
+    declared: tuple[tuple[tf.DType | None, tuple[int | None, ...] | None], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,8 +449,9 @@ class Func(tf.Module):
 
     def _check_returned(self, outputs: list[tf.Tensor], inputs: list[tf.Tensor]) -> None:
         """What the function returned against the declared dtypes and shapes, as
-        the op checks it (from lists made once: a TensorShape made and compared
-        on each call cost 3 µs, a tenth of a small model's)."""
+        the op checks it (from tuples made once, against the eager tensor's own
+        shape tuple: a TensorShape made and compared on each call cost 3 µs, a
+        tenth of a small model's)."""
         for i, (out, (dtype, dims)) in enumerate(zip(outputs, self._eager.declared)):
             want = dtype if dtype is not None else inputs[0].dtype
             if out.dtype is not want and out.dtype != want:  # TF's dtypes are interned: `is` is the fast test
@@ -458,7 +459,7 @@ class Func(tf.Module):
                     None, None, f"TVMDSOOp: {self}: output {i} is {out.dtype.name}, but the op declares {want.name}")
             if dims is None:
                 continue
-            got = out.shape.as_list()
+            got = out._shape_tuple()  # the eager tensor's shape, without making a TensorShape
             if got != dims and (len(got) != len(dims) or any(d is not None and d != g for d, g in zip(dims, got))):
                 raise tf.errors.InvalidArgumentError(
                     None, None, f"TVMDSOOp: {self}: output {i} has shape {_shape_text(out.shape)}, but the op "
@@ -522,13 +523,13 @@ class Func(tf.Module):
         return f"function {self.func_name!r} of {self.module.lib_path}"
 
 
-def _checked_dims(shape: ShapeLike) -> list[int | None] | None:
-    """A returning function's declared shape as the list its outputs are
+def _checked_dims(shape: ShapeLike) -> tuple[int | None, ...] | None:
+    """A returning function's declared shape as the tuple its outputs are
     checked against (None where a dimension is free), or None: not checked."""
     if shape is None:
         return None
     shape = tf.TensorShape(shape)
-    return None if shape.rank is None else shape.as_list()
+    return None if shape.rank is None else tuple(shape.as_list())
 
 
 def _shape_text(shape: tf.TensorShape) -> str:

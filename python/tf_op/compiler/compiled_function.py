@@ -118,7 +118,7 @@ class CompiledFunction(tf.Module):
                    for a, s in zip(args, state.input_signature)]
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
-        compiled = state.compiled.get(tuple(tuple(t.shape.as_list()) for t in tensors)) if eager else None
+        compiled = state.compiled.get(tuple(t._shape_tuple() for t in tensors)) if eager else None
         if compiled is not None:
             return self._recorded(compiled.outputs, tensors) if record.could_possibly_record() else compiled.outputs(tensors)
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
