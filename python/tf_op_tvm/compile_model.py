@@ -426,12 +426,12 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
             # After the search, not before: its first candidates would be the
             # database's best for the task, and MetaSchedule's postprocessing
             # fails on a default schedule that repacked a weight already.
-            seeded = commit_default_schedules(new, target, database)
-            won = sum(tuned_secs[task] < secs for task, secs in seeded.items())
-            default_us, kept_us = (sum(task.weight * secs for task, secs in seeded.items()) * 1e6,
-                                   sum(task.weight * min(secs, tuned_secs[task]) for task, secs in seeded.items()) * 1e6)
+            default_secs = commit_default_schedules(new, target, database)
+            won = sum(tuned_secs[task] < secs for task, secs in default_secs.items())
+            default_us, kept_us = (sum(task.weight * secs for task, secs in default_secs.items()) * 1e6,
+                                   sum(task.weight * min(secs, tuned_secs[task]) for task, secs in default_secs.items()) * 1e6)
             progress(f"MetaSchedule's kernels ran faster than the default schedules' for {won} of "
-                     f"{len(seeded)} kernels, the others keep the default schedule: their calls take "
+                     f"{len(default_secs)} kernels, the others keep the default schedule: their calls take "
                      f"{kept_us:.1f} µs instead of {default_us:.1f}")
         # A kernel none of whose candidates built and ran, its default included,
         # keeps its untuned form.
@@ -448,7 +448,7 @@ def commit_default_schedules(tasks: list[Any], target: Any, database: Any) -> di
     are: the kernel applied is MetaSchedule's only where it runs faster than
     the default. (MetaSchedule's search starts from random schedules of its
     design space: with a few trials a kernel, on this project's models, most
-    ran slower than the defaults.) Returns the seconds a call of each seeded
+    ran slower than the defaults.) Returns the seconds a call of each committed
     task took; a default that fails to build or run is left out, and said."""
     from tvm.s_tir import meta_schedule as ms
 
