@@ -94,11 +94,14 @@ GPU_CUDALOAD := TVMDSOOP_LIBRARY_PATH=$(BUILD)/gpu:$(BUILD)/gpu/tvm $(BUILD)/gpu
 	$(BUILD)/gpu/models/mlp_cuda.so
 GPU_MODELS := $(BUILD)/gpu/model_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/tvm/libtvm_runtime.so \
 	$(BUILD)/gpu/tvm/libcudart.so.13 $(BUILD)/gpu/tvm/libtvm_runtime_cuda.so $(BUILD)/gpu/models
+GPU_DEFOPS := $(BUILD)/gpu/defop_harness $(BUILD)/gpu/libtvm_ffi.so $(BUILD)/gpu/tvm/libtvm_runtime.so \
+	$(BUILD)/gpu/tvm/libcudart.so.13 $(BUILD)/gpu/tvm/libtvm_runtime_cuda.so $(BUILD)/gpu/defop_ops_cuda.so
 test-gpu:
-	test -x $(BUILD)/gpu/model_harness || $(MAKE) --no-print-directory build
+	test -x $(BUILD)/gpu/defop_harness || $(MAKE) --no-print-directory build
 	$(GPU_HARNESS)
 	$(GPU_CUDALOAD)
 	$(GPU_MODELS)
+	$(GPU_DEFOPS)
 
 demo: build
 	$(PYTHON) examples/demo.py

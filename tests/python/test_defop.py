@@ -236,6 +236,12 @@ _CUDA_OPS = textwrap.dedent("""
         A = te.placeholder([te.var(), te.var()], name="A", dtype=dtype)
         k = te.reduce_axis((0, A.shape[1]), name="k")
         return [A, te.compute((A.shape[0],), lambda i: te.sum(A[i, k], axis=k), name="S")]
+
+    @defop(name="col_sum", dtypes=["float32"], ndims=[2])
+    def col_sum(dtype, ndim):
+        A = te.placeholder([te.var(), te.var()], name="A", dtype=dtype)
+        k = te.reduce_axis((0, A.shape[0]), name="k")
+        return [A, te.compute((A.shape[1],), lambda j: te.sum(A[k, j], axis=k), name="S")]
 """)
 
 
@@ -257,6 +263,20 @@ def test_cuda_build_binds_threads(tmp_path: Path) -> None:
     assert manifest["device"] == "cuda"
     assert [v["function"] for v in manifest["ops"]["scale"]["variants"]] == ["scale_float32_1d", "scale_float32_2d"]
     assert tf_op.load_ops(tmp_path / "ops.so").device == "/GPU:0"
+    # Built without a GPU, the library carries its kernels' CUDA source: a row sum
+    # reduces across a warp's threads (TVM's shuffles), a column sum in a thread.
+    library = (tmp_path / "ops.so").read_bytes()
+    assert "__shfl_down_sync" in _kernel_source(library, "row_sum_float32_2d")
+    assert "__shfl_down_sync" not in _kernel_source(library, "col_sum_float32_2d")
+    assert "threadIdx.y" not in _kernel_source(library, "col_sum_float32_2d")
+
+
+def _kernel_source(library: bytes, function: str) -> str:
+    """The CUDA source of function's kernel, from a library that carries source."""
+    head = f"void __launch_bounds__(256) {function}_kernel(".encode()
+    start = library.find(head, library.find(head) + 1)  # its definition follows its declaration
+    assert start > 0, f"no CUDA source of {function} in the library"
+    return library[start:library.find(b"\n}\n", start)].decode()
 
 
 def test_build_errors_name_the_op(tmp_path: Path) -> None:

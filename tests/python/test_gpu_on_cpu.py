@@ -108,3 +108,18 @@ def test_cudaload_reports_no_driver() -> None:
     )
     assert run.returncode == 2, run.stderr
     assert "libtvm_runtime_cuda.so: libcuda.so.1" in run.stderr
+
+
+@needs_gpu_harness
+@needs_no_cuda_driver
+def test_defop_cuda_library_for_the_harness() -> None:
+    """build_defops.py's library (make test-gpu's defop_harness) carries compiled
+    GPU code, not CUDA source (which the op could not load), its manifest places
+    its ops on the GPU, and here it stops at the missing driver."""
+    library = GPU_BUILD / "defop_ops_cuda.so"
+    assert b"__global__" not in library.read_bytes()
+    ops = tf_op.load_ops(library)
+    assert ops.device == "/GPU:0"
+    assert ops.names() == ["col_sum", "row_sum", "swish_bias", "vadd"]
+    with pytest.raises(tf.errors.FailedPreconditionError, match=r"(?s)defop_ops_cuda\.so.*libcuda\.so\.1"):
+        tf_op.Module(library).func("vadd_float32_1d")(tf.constant([1.0]), tf.constant([2.0]))
