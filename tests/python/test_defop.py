@@ -22,6 +22,8 @@ from conftest import MODULES_DIR, TVM_PYTHON
 from helpers import run_python
 
 REPO_PYTHON = MODULES_DIR.parent.parent / "python"
+#: The defops make test-gpu runs on a GPU (tests/gpu/defop_harness.c).
+GPU_DEFOPS = MODULES_DIR.parent / "gpu" / "defop_ops.py"
 
 
 @pytest.fixture(scope="session")
@@ -222,27 +224,6 @@ def test_in_a_keras_model(ops: tf_op.Ops) -> None:
     np.testing.assert_allclose(model.predict(x, verbose=0), tf.nn.silu(dense).numpy(), rtol=1e-5, atol=1e-6)
 
 
-_CUDA_OPS = textwrap.dedent("""
-    from tvm import te
-    from tf_op_tvm import defop
-
-    @defop(name="scale", dtypes=["float32"], ndims=[1, 2])
-    def scale(dtype, ndim):
-        X = te.placeholder([te.var() for _ in range(ndim)], name="X", dtype=dtype)
-        return [X, te.compute(X.shape, lambda *i: X[i] * te.sigmoid(X[i]), name="Y")]
-
-    @defop(name="row_sum", dtypes=["float32"], ndims=[2])
-    def row_sum(dtype, ndim):
-        A = te.placeholder([te.var(), te.var()], name="A", dtype=dtype)
-        k = te.reduce_axis((0, A.shape[1]), name="k")
-        return [A, te.compute((A.shape[0],), lambda i: te.sum(A[i, k], axis=k), name="S")]
-
-    @defop(name="col_sum", dtypes=["float32"], ndims=[2])
-    def col_sum(dtype, ndim):
-        A = te.placeholder([te.var(), te.var()], name="A", dtype=dtype)
-        k = te.reduce_axis((0, A.shape[0]), name="k")
-        return [A, te.compute((A.shape[1],), lambda j: te.sum(A[k, j], axis=k), name="S")]
-""")
 
 
 def _build(source: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -255,13 +236,12 @@ def _build(source: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
 def test_cuda_build_binds_threads(tmp_path: Path) -> None:
     """A cuda target gets the default GPU schedule (TVM refuses a kernel with a
     loop left unbound), and the manifest places the ops on the GPU. No GPU
-    here: make test-gpu runs them."""
-    (tmp_path / "ops.py").write_text(_CUDA_OPS)
-    done = _build(tmp_path / "ops.py", tmp_path / "ops.so", "--target", "cuda")
+    here: make test-gpu runs these defops (defop_harness)."""
+    done = _build(GPU_DEFOPS, tmp_path / "ops.so", "--target", "cuda")
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "ops.json").read_text())
     assert manifest["device"] == "cuda"
-    assert [v["function"] for v in manifest["ops"]["scale"]["variants"]] == ["scale_float32_1d", "scale_float32_2d"]
+    assert [v["function"] for v in manifest["ops"]["swish_bias"]["variants"]] == ["swish_bias_float32_2d"]
     assert tf_op.load_ops(tmp_path / "ops.so").device == "/GPU:0"
     # Built without a GPU, the library carries its kernels' CUDA source: a row sum
     # reduces across a warp's threads (TVM's shuffles), a column sum in a thread.
