@@ -244,11 +244,12 @@ def test_cuda_build_binds_threads(tmp_path: Path) -> None:
     assert [v["function"] for v in manifest["ops"]["swish_bias"]["variants"]] == ["swish_bias_float32_2d"]
     assert tf_op.load_ops(tmp_path / "ops.so").device == "/GPU:0"
     # Built without a GPU, the library carries its kernels' CUDA source: a row sum
-    # reduces across a warp's threads (TVM's shuffles), a column sum in a thread.
+    # is reduced across a warp (TVM's shuffles), a column sum across a block's
+    # warps (shared memory), each in parts, not a whole row or column a thread.
     library = (tmp_path / "ops.so").read_bytes()
     assert "__shfl_down_sync" in _kernel_source(library, "row_sum_float32_2d")
-    assert "__shfl_down_sync" not in _kernel_source(library, "col_sum_float32_2d")
-    assert "threadIdx.y" not in _kernel_source(library, "col_sum_float32_2d")
+    assert "__shared__" in _kernel_source(library, "col_sum_float32_2d")
+    assert "threadIdx.y" not in _kernel_source(library, "vadd_float32_2d")
 
 
 def _kernel_source(library: bytes, function: str) -> str:
