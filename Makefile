@@ -5,7 +5,7 @@
 #             (QUICK=1: fewer rounds, the small peers only; TUNE=N: also the bridge and peers models tuned with N trials)
 # make bench-publish  the last make bench's results into docs/benchmarks.md
 # make go-examples  the Go examples (dsoop on Go slices; a Go TF session)
-# make test-gpu     the GPU harness (needs an NVIDIA GPU; docs/gpu.md)
+# make test-gpu     the GPU harnesses: stream order, whole models, defop variants (needs an NVIDIA GPU; docs/gpu.md)
 # make fuzz         longer fuzzing: the checks before loading, the VM executable verifier, legacy graphs and params
 #                   (and corrupted models run), the Go argument frames
 # make test-matrix  the core tests on TensorFlow 2.18-2.21, each in its own venv and build
