@@ -294,34 +294,35 @@ def _cuda_schedule(sch: Any) -> Any:
     for block in blocks[:-1]:
         sch.compute_inline(block)
     last = blocks[-1]
-    kinds = [(loop, int(v.iter_type) == tirx.IterVar.DataPar)
-             for loop, v in zip(sch.get_loops(last), sch.get(last).iter_vars)]
-    spatial = [loop for loop, is_spatial in kinds if is_spatial]
-    reduction = [loop for loop, is_spatial in kinds if not is_spatial]
+    iter_vars = sch.get(last).iter_vars
+    is_spatial = [int(v.iter_type) == tirx.IterVar.DataPar for v in iter_vars]
+    loops = sch.get_loops(last)
+    spatial = [loop for loop, s in zip(loops, is_spatial) if s]
+    reduction = [loop for loop, s in zip(loops, is_spatial) if not s]
     if not spatial:
         raise DefopError("a full reduction (no output axis) has no default CUDA schedule: give schedule=")
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    reduced = [v.var for v in sch.get(last).iter_vars if int(v.iter_type) != tirx.IterVar.DataPar]
+    if not reduction:
+        blocks_x, threads_x = sch.split(fused, [None, CUDA_THREADS])
+        sch.bind(blocks_x, "blockIdx.x")
+        sch.bind(threads_x, "threadIdx.x")
+        return sch
+    reduced_vars = [v.var for v, s in zip(iter_vars, is_spatial) if not s]
     along_rows = any(var.same_as(r) for read in sch.get(last).reads
-                     for var in undefined_vars(read.region[-1].min, []) for r in reduced)
-    reduced_loop = (sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]) if reduction else None
-    if reduced_loop is not None and along_rows:
+                     for var in undefined_vars(read.region[-1].min, []) for r in reduced_vars)
+    reduced = sch.fuse(*reduction) if len(reduction) > 1 else reduction[0]
+    if along_rows:
         blocks_x, rows_y = sch.split(fused, [None, CUDA_THREADS // CUDA_WARP])
-        _, lanes = sch.split(reduced_loop, [None, CUDA_WARP])
+        _, lanes_x = sch.split(reduced, [None, CUDA_WARP])
         sch.bind(blocks_x, "blockIdx.x")
         sch.bind(rows_y, "threadIdx.y")
-        sch.bind(lanes, "threadIdx.x")
-        return sch
-    if reduced_loop is not None:
+        sch.bind(lanes_x, "threadIdx.x")
+    else:
         blocks_x, columns_x = sch.split(fused, [None, CUDA_WARP])
-        _, parts_y = sch.split(reduced_loop, [None, CUDA_THREADS // CUDA_WARP])
+        _, parts_y = sch.split(reduced, [None, CUDA_THREADS // CUDA_WARP])
         sch.bind(blocks_x, "blockIdx.x")
         sch.bind(columns_x, "threadIdx.x")
         sch.bind(parts_y, "threadIdx.y")
-        return sch
-    blocks_x, threads_x = sch.split(fused, [None, CUDA_THREADS])
-    sch.bind(blocks_x, "blockIdx.x")
-    sch.bind(threads_x, "threadIdx.x")
     return sch
 
 
