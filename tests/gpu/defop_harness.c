@@ -133,7 +133,8 @@ static double worst_error(const Variant* v, void* const* in, const void* out) {
 }
 
 // Runs variant v of the library on CUDA device 0. *ok gets whether its values
-// match; *us the GPU time of a call (CUDA events, kTimedCalls calls).
+// match; *us the GPU time of a call (CUDA events, kTimedCalls calls); *bytes
+// what a call reads and writes (its inputs and output).
 static int run(const Variant* v, TVMFFIObjectHandle module, CUstream stream, int* ok, double* us,
                double* bytes) {
   DsoopError err = {NULL, NULL};
