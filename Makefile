@@ -66,8 +66,15 @@ run-go-examples:
 	go run ./examples/go/addone $(BUILD)/examples/add_one.so
 	go run ./examples/go/session $(BUILD)/examples/add_one.so
 
+# Two pytest-xdist workers: most tests wait on one-threaded work (TVM's compiler in
+# a subprocess, a TensorFlow trace), so two on 2 CPUs take 17 minutes where one
+# took 29. A test file runs whole on one worker (loadfile), so a module's fixture
+# (the wheel of test_install, a converted model) is made once; the session's test
+# libraries are shared between workers (tests/python/shared_build.py).
+# TEST_WORKERS=0: one process, as pytest alone runs.
+TEST_WORKERS ?= 2
 test-python:
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/python
 
 # Each TensorFlow in .venv-tf$(VERSION) and build-tf$(VERSION) (tests/tf_matrix.sh);
 # the test libraries are still compiled by the .venv's TVM.

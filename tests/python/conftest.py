@@ -1,5 +1,9 @@
 """Shared fixtures: the TVM test library, built once per session.
 
+Under pytest-xdist (make test runs two workers) each worker is a session of its
+own; the libraries are still built once per run, by whichever worker asks first
+(`built_once`), and the others wait for it and reuse them.
+
 The library is compiled by tests/modules/build_modules.py in a subprocess, so
 TVM's compiler (and its LLVM) never shares a process with TensorFlow. That
 subprocess runs $TVMDSOOP_TVM_PYTHON, a Python with apache-tvm, when it is set
@@ -15,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_build import built_once
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -33,12 +38,14 @@ if TVM_PYTHON != sys.executable and not os.environ.get("TVMDSOOP_LIBRARY_PATH"):
     ).stdout.strip()
 
 
+def _build_modules(out: Path) -> None:
+    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
+
+
 @pytest.fixture(scope="session")
 def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of the test libraries, built once per session."""
-    out = tmp_path_factory.mktemp("tvm_modules")
-    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_modules.py"), str(out)], check=True)
-    return out
+    """The folder of the test libraries, built once per run."""
+    return built_once(tmp_path_factory, "tvm_modules", _build_modules)
 
 
 @pytest.fixture(scope="session")
@@ -61,18 +68,20 @@ MODEL_FILES = (
 )
 
 
+def _build_models(out: Path) -> None:
+    subprocess.run([sys.executable, str(MODULES_DIR / "keras_cnn.py"), str(out), "--batch", "1", "4"], check=True)
+    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_models.py"), str(out)], check=True)
+    missing = [name for name in MODEL_FILES if not (out / name).is_file()]
+    assert not missing, f"build_models.py did not write {missing}"
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The whole-model libraries (Relax VM executables), built once per session.
+    """The whole-model libraries (Relax VM executables), built once per run.
 
     keras_cnn.py (TensorFlow) writes the Keras CNN and its TFLite forms, then
     build_models.py (TVM) compiles them and the other models: two subprocesses,
     so TVM's compiler never shares a process with TensorFlow. keras_cnn.py runs
     on the TensorFlow under test (the tests load its cnn.keras with that Keras),
     build_models.py on TVM_PYTHON."""
-    out = tmp_path_factory.mktemp("tvm_models")
-    subprocess.run([sys.executable, str(MODULES_DIR / "keras_cnn.py"), str(out), "--batch", "1", "4"], check=True)
-    subprocess.run([TVM_PYTHON, str(MODULES_DIR / "build_models.py"), str(out)], check=True)
-    missing = [name for name in MODEL_FILES if not (out / name).is_file()]
-    assert not missing, f"build_models.py did not write {missing}"
-    return out
+    return built_once(tmp_path_factory, "tvm_models", _build_models)
