@@ -381,6 +381,22 @@ for name, (shape, subscripts, read) in products.items():
     result = tvm.runtime.tensor(np.zeros((4, 64, 64), "float32"))
     tvm.compile(sch.mod, target=target)(*map(tvm.runtime.tensor, args), result)
     out[name] = float(np.abs(result.numpy() - np.einsum(subscripts, *args)).max())
+# K = 512: a column tile of B (512 x 16 on SSE) outsizes L1's share, so the
+# sum runs in chunks of k; the same values as the plain loop nest's, to the bit.
+x, k = te.placeholder((2, 64, 512), name="x"), te.reduce_axis((0, 512), name="k")
+w = te.placeholder((512, 128), name="w")
+y = te.compute((2, 64, 128), lambda b, i, j: te.sum(x[b, i, k] * w[k, j], axis=k), name="y")
+plain = te.create_prim_func([x, w, y])
+sch = matmul.Matmul().apply(plain, target, False)
+out["chunked loops"] = [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("y_update"))]
+args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in ((2, 64, 512), (512, 128))]
+results = [tvm.runtime.tensor(np.zeros((2, 64, 128), "float32")) for _ in range(2)]
+for func, result in zip((sch.mod, plain), results):
+    tvm.compile(func, target=target)(*args, result)
+out["chunked same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
+out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}": matmul.k_chunk(k, mt, nt, tiles) for k, mt, nt, tiles in
+                 ((512, 4, 64, 16), (128, 4, 64, 16), (128, 4, 16, 16), (512, 4, 16, 16), (1280, 1, 40, 1),
+                  (64, 4, 64, 16), (4096, 8, 10, 4))}
 for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     shape = (matmul.vector_lanes(target), matmul.accumulator_registers(target), matmul.broadcast_cost(target))
@@ -407,6 +423,20 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
                                 "1x1000": [1, 40]}, out
     assert out["x86-64-v4"] == {"512x128": [4, 64], "1x512": [1, 256], "8x10": [8, 10], "6x100": [6, 4],
                                 "1x1000": [1, 40]}, out
+    # Sums over k in chunks (k steps, row tiles) where a column tile of B is
+    # over 16 KiB and several row tiles read it: K = 512 and 128 by 64 columns
+    # (AVX-512's 4 x 64 tiles: the transformer block's products; rows of C
+    # up to 8 KiB a chunk), 512 by 16 (AVX2's), 4096 by a classifier's 10;
+    # not 128 by 16 or 64 by 64 (16 KiB or less), nor a single row tile (a
+    # dense layer at batch 1).
+    assert out["chunks"] == {"k512 4x64 of 16": [64, 8], "k128 4x64 of 16": [64, 8], "k128 4x16 of 16": None,
+                             "k512 4x16 of 16": [256, 16], "k1280 1x40 of 1": None, "k64 4x64 of 16": None,
+                             "k4096 8x10 of 4": [256, 4]}, out
+    # The chunked product on SSE (2 x 16 tiles, chunks of 256 k): the batch,
+    # row chunks and column tiles fused on TVM's threads (2 x 1 x 8), then the
+    # chunks of k, the chunk's 32 row tiles, k within the chunk, the tile.
+    assert out["chunked loops"] == [16, 2, 32, 256, 2, 16], out
+    assert out["chunked same"], out
 
 
 #: Run on the TVM Python: a dense layer at batch 1 (256 -> 1000, a
