@@ -394,6 +394,24 @@ results = [tvm.runtime.tensor(np.zeros((2, 64, 128), "float32")) for _ in range(
 for func, result in zip((sch.mod, plain), results):
     tvm.compile(func, target=target)(*args, result)
 out["chunked same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
+# 384 columns: AVX-512 tiles of 8 rows by 3 vectors (48 columns), each
+# vectorized loop one register wide; the same values as the plain nest's on SSE.
+x, k = te.placeholder((1, 64, 128), name="x"), te.reduce_axis((0, 128), name="k")
+w = te.placeholder((128, 384), name="w")
+y = te.compute((1, 64, 384), lambda b, i, j: te.sum(x[b, i, k] * w[k, j], axis=k), name="y")
+plain = te.create_prim_func([x, w, y])
+widths = {}
+for mcpu in ("x86-64", "x86-64-v4"):
+    sch = matmul.Matmul().apply(plain, tvm.target.Target({"kind": "llvm", "mcpu": mcpu}), False)
+    widths[mcpu] = sorted({int(sch.get(loop).extent) for block in sch.get_child_blocks(sch.get_sblock("root"))
+                           for loop in sch.get_loops(block) if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED})
+out["vector widths 384"] = widths
+sch = matmul.Matmul().apply(plain, target, False)
+args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in ((1, 64, 128), (128, 384))]
+results = [tvm.runtime.tensor(np.zeros((1, 64, 384), "float32")) for _ in range(2)]
+for func, result in zip((sch.mod, plain), results):
+    tvm.compile(func, target=target)(*args, result)
+out["384 same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
 out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}": matmul.k_chunk(k, mt, nt, tiles) for k, mt, nt, tiles in
                  ((512, 4, 64, 16), (128, 4, 64, 16), (128, 4, 16, 16), (512, 4, 16, 16), (1280, 1, 40, 1),
                   (64, 4, 64, 16), (4096, 8, 10, 4))}
@@ -434,9 +452,15 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
                              "k4096 8x10 of 4": [256, 4]}, out
     # The chunked product on SSE (2 x 16 tiles, chunks of 256 k): the batch,
     # row chunks and column tiles fused on TVM's threads (2 x 1 x 8), then the
-    # chunks of k, the chunk's 32 row tiles, k within the chunk, the tile.
-    assert out["chunked loops"] == [16, 2, 32, 256, 2, 16], out
+    # chunks of k, the chunk's 32 row tiles, k within the chunk, the tile's 2
+    # rows by 4 vectors of 4.
+    assert out["chunked loops"] == [16, 2, 32, 256, 2, 4, 4], out
     assert out["chunked same"], out
+    # A tile of 3 vectors (384 columns on AVX-512) is 3 vectors of 16 lanes, not
+    # one of 48, which LLVM has no register for (64x128 by 128x384: 2 ms
+    # instead of 50 µs); SSE's tiles of 16 columns are 4 vectors of 4.
+    assert out["vector widths 384"] == {"x86-64": [4], "x86-64-v4": [16]}, out
+    assert out["384 same"], out
 
 
 #: Run on the TVM Python: a dense layer at batch 1 (256 -> 1000, a
