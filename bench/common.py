@@ -44,7 +44,7 @@ BRIDGE_MODELS: Final = ("mlp", "cnn", "mobilenetv2", "tf_function")  # compare.p
 BRIDGE_CACHE: Final = BUILD_DIR / "bridge_cache"  # emptied at each run
 #: The peers (compare.py peers, bench/peers.py): each model's batches, in report order; QUICK runs only the first three.
 PEERS_MODELS: Final = {"cnn": (1, 32), "transformer": (1, 8), "lstm": (1, 8), "mobilenetv2": (1, 8),
-                       "resnet50": (1, 8), "efficientnetb0": (1,)}
+                       "resnet50": (1, 8), "efficientnetb0": (1,), "bert_layer": (1,)}
 PEERS_QUICK: Final = ("cnn", "transformer", "lstm")
 #: Its engines, in report order, with their column names; "tvm_tuned" only with --tune.
 PEERS_ENGINES: Final = {"tf": "TF graph", "xla": "XLA (jit_compile)", "tflite": "TFLite + XNNPACK",
