@@ -412,9 +412,10 @@ results = [tvm.runtime.tensor(np.zeros((1, 64, 384), "float32")) for _ in range(
 for func, result in zip((sch.mod, plain), results):
     tvm.compile(func, target=target)(*args, result)
 out["384 same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
-out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}": matmul.k_chunk(k, mt, nt, tiles) for k, mt, nt, tiles in
-                 ((512, 4, 64, 16), (128, 4, 64, 16), (128, 4, 16, 16), (512, 4, 16, 16), (1280, 1, 40, 1),
-                  (64, 4, 64, 16), (4096, 8, 10, 4))}
+out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}, {tasks}": matmul.k_chunk(k, mt, nt, tiles, tasks)
+                 for k, mt, nt, tiles, tasks in
+                 ((512, 4, 64, 16, 2), (128, 4, 64, 16, 2), (128, 4, 16, 16, 2), (512, 4, 16, 16, 2),
+                  (1280, 1, 40, 1, 25), (64, 4, 64, 16, 2), (4096, 8, 10, 4, 1), (512, 4, 64, 8, 1))}
 for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     shape = (matmul.vector_lanes(target), matmul.accumulator_registers(target), matmul.broadcast_cost(target))
@@ -446,10 +447,12 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
     # (AVX-512's 4 x 64 tiles: the transformer block's products; rows of C
     # up to 8 KiB a chunk), 512 by 16 (AVX2's), 4096 by a classifier's 10;
     # not 128 by 16 or 64 by 64 (16 KiB or less), nor a single row tile (a
-    # dense layer at batch 1).
-    assert out["chunks"] == {"k512 4x64 of 16": [64, 8], "k128 4x64 of 16": [64, 8], "k128 4x16 of 16": None,
-                             "k512 4x16 of 16": [256, 16], "k1280 1x40 of 1": None, "k64 4x64 of 16": None,
-                             "k4096 8x10 of 4": [256, 4]}, out
+    # dense layer at batch 1). With no other task (one batch, one column
+    # tile), a chunk takes half the rows at most: two tasks for two threads.
+    assert out["chunks"] == {"k512 4x64 of 16, 2": [64, 8], "k128 4x64 of 16, 2": [64, 8],
+                             "k128 4x16 of 16, 2": None, "k512 4x16 of 16, 2": [256, 16],
+                             "k1280 1x40 of 1, 25": None, "k64 4x64 of 16, 2": None,
+                             "k4096 8x10 of 4, 1": [256, 2], "k512 4x64 of 8, 1": [64, 4]}, out
     # The chunked product on SSE (2 x 16 tiles, chunks of 256 k): the batch,
     # row chunks and column tiles fused on TVM's threads (2 x 1 x 8), then the
     # chunks of k, the chunk's 32 row tiles, k within the chunk, the tile's 2

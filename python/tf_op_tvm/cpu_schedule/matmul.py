@@ -116,18 +116,24 @@ def tile_shape(m: int, n: int, lanes: int, registers: int, broadcast: int = 1) -
     return None if best is None else (best[1], best[2])
 
 
-def k_chunk(k: int, mt: int, nt: int, row_tiles: int) -> tuple[int, int] | None:
+def k_chunk(k: int, mt: int, nt: int, row_tiles: int, other_tasks: int) -> tuple[int, int] | None:
     """How a product blocks its sum over ``k`` (Goto's GEMM's kc): steps of k
     per chunk and row tiles (of ``mt`` rows) per chunk, when a column tile of B
     (``k`` by ``nt`` float32) outsizes ``L1_PANEL_BYTES`` and more than one
     row tile would read it; else None (the sum runs whole in each tile). The
     chunk of B stays in L1 while the chunk's row tiles pass, where each row
     tile read all of it from L2: the transformer block at batch 8 1.14x as
-    fast on AVX-512. Each output still sums over k in order: the same values."""
+    fast on AVX-512. Each output still sums over k in order: the same values.
+    Chunks of rows are TVM's tasks with the batch and the column tiles
+    (``other_tasks`` of them): where those are one, a chunk takes at most half
+    the rows, so that two threads still share the product."""
     kc = _largest_divisor(k, L1_PANEL_BYTES // (4 * nt))
     if k * nt * 4 <= L1_PANEL_BYTES or row_tiles < 2 or kc < MIN_K_CHUNK:
         return None
-    return kc, _largest_divisor(row_tiles, max(1, CHUNK_ROWS_BYTES // (4 * nt * mt)))
+    most = CHUNK_ROWS_BYTES // (4 * nt * mt)
+    if other_tasks < 2:
+        most = min(most, row_tiles // 2)
+    return kc, _largest_divisor(row_tiles, max(1, most))
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
@@ -204,7 +210,8 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     mo, mi = sch.split(loops[row], [None, mt])
     no, ni = sch.split(loops[col], [None, nt])
     # A B copied per batch (Q K^T) is small (K of a head): its sum stays whole.
-    chunk = k_chunk(extents[red], mt, nt, m // mt) if transposed is None else None
+    other_tasks = math.prod(extents[i] for i in batch) * -(-n // nt)
+    chunk = k_chunk(extents[red], mt, nt, m // mt, other_tasks) if transposed is None else None
     if chunk is None:
         outer = [loops[i] for i in batch] + [mo, no]
         sch.reorder(*outer, loops[red], mi, ni)
