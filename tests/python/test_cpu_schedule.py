@@ -389,11 +389,15 @@ y = te.compute((2, 64, 128), lambda b, i, j: te.sum(x[b, i, k] * w[k, j], axis=k
 plain = te.create_prim_func([x, w, y])
 sch = matmul.Matmul().apply(plain, target, False)
 out["chunked loops"] = [int(sch.get(loop).extent) for loop in sch.get_loops(sch.get_sblock("y_update"))]
-args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in ((2, 64, 512), (512, 128))]
-results = [tvm.runtime.tensor(np.zeros((2, 64, 128), "float32")) for _ in range(2)]
-for func, result in zip((sch.mod, plain), results):
-    tvm.compile(func, target=target)(*args, result)
-out["chunked same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
+
+def same_as_plain(sch, plain, x, w, y):  # whether the scheduled product's outputs are the plain nest's, bit for bit
+    args = [tvm.runtime.tensor(rng.standard_normal([int(n) for n in t.shape]).astype("float32")) for t in (x, w)]
+    results = [tvm.runtime.tensor(np.zeros([int(n) for n in y.shape], "float32")) for _ in range(2)]
+    for func, result in zip((sch.mod, plain), results):
+        tvm.compile(func, target=target)(*args, result)
+    return bool(np.array_equal(results[0].numpy(), results[1].numpy()))
+
+out["chunked same"] = same_as_plain(sch, plain, x, w, y)
 # 384 columns: AVX-512 tiles of 8 rows by 3 vectors (48 columns), each
 # vectorized loop one register wide; the same values as the plain nest's on SSE.
 x, k = te.placeholder((1, 64, 128), name="x"), te.reduce_axis((0, 128), name="k")
@@ -406,12 +410,7 @@ for mcpu in ("x86-64", "x86-64-v4"):
     widths[mcpu] = sorted({int(sch.get(loop).extent) for block in sch.get_child_blocks(sch.get_sblock("root"))
                            for loop in sch.get_loops(block) if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED})
 out["vector widths 384"] = widths
-sch = matmul.Matmul().apply(plain, target, False)
-args = [tvm.runtime.tensor(rng.standard_normal(s).astype("float32")) for s in ((1, 64, 128), (128, 384))]
-results = [tvm.runtime.tensor(np.zeros((1, 64, 384), "float32")) for _ in range(2)]
-for func, result in zip((sch.mod, plain), results):
-    tvm.compile(func, target=target)(*args, result)
-out["384 same"] = bool(np.array_equal(results[0].numpy(), results[1].numpy()))
+out["384 same"] = same_as_plain(matmul.Matmul().apply(plain, target, False), plain, x, w, y)
 out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}, {tasks}": matmul.k_chunk(k, mt, nt, tiles, tasks)
                  for k, mt, nt, tiles, tasks in
                  ((512, 4, 64, 16, 2), (128, 4, 64, 16, 2), (128, 4, 16, 16, 2), (512, 4, 16, 16, 2),
