@@ -54,14 +54,13 @@ def transformer() -> keras.Model:
 
 
 def bert_layer() -> keras.Model:
-    """One encoder layer at BERT-base's widths: 128 tokens x 768, 12 heads of 64, FFN 768-3072-768, exact
-    gelu, post-norm. Its products have 768 and 3072 columns, whose register tiles (3 of AVX-512's vectors)
-    once compiled 28x slower than TF's (CHANGELOG, Fixed)."""
-    x = keras.Input((128, 768))
-    h = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(num_heads=12, key_dim=64)(x, x))
-    gelu = functools.partial(keras.activations.gelu, approximate=False)
-    ffn = keras.layers.Dense(768)(keras.layers.Dense(3072, activation=gelu)(h))
-    return keras.Model(x, keras.layers.LayerNormalization()(h + ffn), name="bert_layer")
+    """The same block at BERT-base's widths: 128 tokens x 768, 12 heads of 64, FFN 768-3072-768. Its products
+    have 768 and 3072 columns, whose register tiles (3 of AVX-512's vectors) once compiled 28x slower than TF's
+    (CHANGELOG, Fixed)."""
+    sys.path.insert(0, str(ROOT / "tests" / "modules"))
+    from keras_transformer import build_model
+
+    return build_model(tokens=128, width=768, heads=12, ffn_width=3072, name="bert_layer")
 
 
 def lstm() -> keras.Model:

@@ -11,10 +11,13 @@ import keras
 INPUT_SHAPE = (64, 128)
 
 
-def build_model() -> keras.Model:
-    """A post-norm encoder block: attention (4 heads of 32), FFN 128-512-128, exact gelu."""
-    x = keras.Input(INPUT_SHAPE)
-    h = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(num_heads=4, key_dim=32)(x, x))
+def build_model(tokens: int = INPUT_SHAPE[0], width: int = INPUT_SHAPE[1], heads: int = 4, ffn_width: int = 512,
+                name: str = "encoder") -> keras.Model:
+    """A post-norm encoder block: attention (``heads`` heads of ``width / heads``), FFN
+    width-ffn_width-width, exact gelu. By default 4 heads of 32 and FFN 128-512-128."""
+    x = keras.Input((tokens, width))
+    attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=width // heads)
+    h = keras.layers.LayerNormalization()(x + attention(x, x))
     gelu = functools.partial(keras.activations.gelu, approximate=False)
-    ffn = keras.layers.Dense(128)(keras.layers.Dense(512, activation=gelu)(h))
-    return keras.Model(x, keras.layers.LayerNormalization()(h + ffn), name="encoder")
+    ffn = keras.layers.Dense(width)(keras.layers.Dense(ffn_width, activation=gelu)(h))
+    return keras.Model(x, keras.layers.LayerNormalization()(h + ffn), name=name)
