@@ -64,11 +64,13 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import batch_split, cpu_schedule, math_lowering, split_slices, stacked_products, weight_layouts
+    from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, math_lowering, split_slices, stacked_products,
+                           weight_layouts)
     from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
     import cpu_schedule
+    import expansion_fusion
     import math_lowering
     import split_slices
     import stacked_products
@@ -586,10 +588,12 @@ def cpu_pipeline(target: Any) -> Any:
     ``tvm.compile`` runs for an llvm target) with steps added once the
     operators are loop nests: the default schedules of ``cpu_schedule`` on each
     that no tuning scheduled, then ``channel_innermost`` on those that none of
-    them took. Before them, each loop nest learns which of its parameters are
-    the model's constants (``layout_free_buffers``); after them, the weight
-    repacking a schedule marked (the conv rule's, for a constant weight) leaves
-    its function and runs once, at compile time (FoldConstant).
+    them took. Before the schedules, each loop nest learns which of its
+    parameters are the model's constants (``layout_free_buffers``); after them,
+    the weight repacking a schedule marked (the conv rule's, for a constant
+    weight) leaves its function and runs once, at compile time (FoldConstant).
+    And before FuseTIR makes the loop nests, an expansion convolution and the
+    stride-2 depthwise one after it become one function (``expansion_fusion``).
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -625,11 +629,18 @@ def cpu_pipeline(target: Any) -> Any:
                  f"{parallel} loop nests run on TVM's threads")
         return mod
 
+    # FuseOps makes a function of each convolution and its epilogue; two of them
+    # become one before FuseTIR makes loop nests of them (expansion_fusion).
+    legalize = cpu.legalize_passes(target)
+    fuse_tir = [p.info.name for p in legalize].index("FuseTIR")
+
     @tvm.transform.module_pass(opt_level=0, name="tvmdsoop.UntunedCPUPipeline")
     def pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
-                *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
+                *cpu.library_dispatch_passes(target), *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
+                    target, cpu_schedule.expansion.ExpansionDepthwise.for_target(target), progress),
+                *legalize[fuse_tir:],
                 relax.transform.AttachAttrLayoutFreeBuffers(),
                 dlight.ApplyDefaultSchedule(*cpu_schedule.rules(target)), channel_innermost_pass,
                 relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),

@@ -758,3 +758,80 @@ def test_tanh_lowers_to_tfs_own_within_8_ulps(target: dict[str, str]) -> None:
         assert out[case]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan", "1.0", "-1.0"], out
         assert out[case]["tiny_kept"], out
     assert out["float64x1"]["exp"], out
+
+
+def _expansion(kernel: int, stride: int) -> keras.Model:
+    """MobileNetV2's block head: a 1x1 expansion (16 to 96 channels, relu6),
+    then a depthwise convolution (relu6). The wide tensor, 64x64x96, is 1.5 MiB:
+    more than a core's L2 here."""
+    keras.utils.set_random_seed(5)
+    x = keras.Input((64, 64, 16))
+    h = keras.layers.ReLU(6.0)(keras.layers.Conv2D(96, 1)(x))
+    h = keras.layers.DepthwiseConv2D(kernel, strides=stride, padding="same")(h)
+    return keras.Model(x, keras.layers.ReLU(6.0)(h))
+
+
+#: Run on the TVM Python: a TFLite model compiled by compile_model's pipeline
+#: for a target: the loop nests that hold both convolutions; with "compare",
+#: whether its outputs are those of the pipeline without expansion_fusion, to
+#: the bit.
+_EXPANSIONS = """
+import json, sys
+from pathlib import Path
+import numpy as np
+import tvm
+from tvm import relax, tirx
+sys.path.insert(0, sys.argv[1])
+import compile_model, expansion_fusion, math_lowering
+target = tvm.target.Target(json.loads(sys.argv[3]))
+math_lowering.register()
+model = compile_model.import_tflite(Path(sys.argv[2]).read_bytes())
+x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((1, 64, 64, 16)).astype("float32"))
+outputs, merged = [], []
+for fused in (True, False)[:2 if sys.argv[4:] == ["compare"] else 1]:
+    if not fused:  # the pass as a step that changes nothing
+        expansion_fusion.fuse_expansions = lambda target, rule, report: tvm.transform.Sequential([])
+    with tvm.transform.PassContext(opt_level=3), target:
+        lowered = compile_model.cpu_pipeline(target)(model)
+    if fused:
+        for gvar, func in lowered.functions.items():
+            if isinstance(func, tirx.PrimFunc):
+                text = func.script()
+                if 'sblock("conv2d_nhwc' in text and 'sblock("group_conv2d_nhwc' in text:
+                    merged.append(gvar.name_hint)
+    if sys.argv[4:] == ["compare"]:
+        executable = compile_model.compile_relax(model, target, compile_model.cpu_pipeline(target))
+        outputs.append(relax.VirtualMachine(executable, tvm.cpu())["main"](x).numpy())
+print(json.dumps({"merged": merged, "same": len(outputs) == 2 and bool(np.array_equal(*outputs))}))
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_expansion_and_the_stride_2_depthwise_convolution_after_it_are_one_loop_nest(
+        target: dict[str, str], tmp_path: Path) -> None:
+    """The 1x1 convolution and the 3x3 stride-2 depthwise one that reads it
+    are one loop nest (bands of output rows, each band's wide rows kept in
+    L2), with the outputs of the two apart to the bit; a stride-1 depthwise
+    convolution, whose bands would recompute a quarter of the wide rows, and
+    a 5x5 stride-2 one stay apart."""
+    found = {}
+    for kernel, stride in ((3, 2), (3, 1), (5, 2)):
+        concrete = tf.function(lambda t, m=_expansion(kernel, stride): m(t)).get_concrete_function(
+            tf.TensorSpec((1, 64, 64, 16), tf.float32))
+        path = tmp_path / f"expansion_{kernel}_{stride}.tflite"
+        path.write_bytes(to_tflite(concrete, "expansion"))
+        compare = ["compare"] if (kernel, stride) == (3, 2) else []
+        result = subprocess.run([TVM_PYTHON, "-c", _EXPANSIONS, str(TVM_PACKAGE), str(path), json.dumps(target),
+                                 *compare], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        found[kernel, stride] = json.loads(result.stdout.splitlines()[-1])
+    assert len(found[3, 2]["merged"]) == 1 and found[3, 2]["same"], found
+    assert found[3, 1]["merged"] == [] and found[5, 2]["merged"] == [], found
+
+
+def test_a_compiled_expansion_and_depthwise_convolution_match_keras(tmp_path: Path) -> None:
+    """The same block through tf_op.compile (every x86-64 level built, the
+    host's run), against Keras; two images, whose bands share TVM's threads."""
+    model, x = _expansion(3, 2), _inputs(2, 64, 64, 16)
+    y = compile(model, cache_dir=tmp_path, batch_sizes=[2])(x)
+    _assert_close(y.numpy(), model(x).numpy())

@@ -75,7 +75,7 @@ class ConvNHWC(Rule):
         others = blocks[:at] + blocks[at + 1:]
         if shape is None or len(producers) > 1 or any(has_reduction(sch.get(b)) for b in others):
             return None
-        w_tile, vectors, lanes = self._tile(shape.width, shape.channels, shape.depthwise)
+        w_tile, vectors, lanes = self.tile(shape.width, shape.channels, shape.depthwise)
         weights_first = shape.weight_size > shape.image_size
         extents = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)]
 
@@ -151,7 +151,7 @@ class ConvNHWC(Rule):
         sch.decompose_reduction(conv, ry)
         return sch
 
-    def _tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
+    def tile(self, width: int, channels: int, depthwise: bool) -> tuple[int, int, int]:
         """The register tile: output columns, vectors of output channels per
         column, and lanes per vector. Vectors are whole registers (a power of
         two lanes, the target's register where the channels allow); columns a
