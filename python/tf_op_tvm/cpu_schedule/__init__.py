@@ -17,8 +17,8 @@ from . import conv, elementwise, expansion, fallback, matmul, pool, reduction
 
 def rules(target: Any) -> list[Any]:
     """The rules for an llvm ``target``, most specific first."""
-    return [expansion.ExpansionDepthwise.for_target(target), *conv.rules(target), *pool.rules(target), *matmul.rules(target), *reduction.rules(target),
-            *elementwise.rules(target)]
+    return [expansion.ExpansionDepthwise.for_target(target), *conv.rules(target), *pool.rules(target),
+            *matmul.rules(target), *reduction.rules(target), *elementwise.rules(target)]
 
 
 def default_schedule(func: Any, target: Any) -> Any:

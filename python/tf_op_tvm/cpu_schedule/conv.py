@@ -115,10 +115,7 @@ class ConvNHWC(Rule):
             # Each row of input stays in cache while every channel tile passes.
             outer, inner = [n, h, co], []
         sch.reorder(*outer, *inner, wo, wi, ck, cv)
-        sch.compute_at(conv, wo, preserve_unit_loops=True)
-        *_, column, channel, ry, rx, rc = sch.get_loops(conv)
-        sum_ck, sum_cv = sch.split(channel, [vectors, lanes])
-        sch.reorder(ry, rx, rc, column, sum_ck, sum_cv)
+        sum_tile, ry = sum_in_tile(sch, conv, wo, vectors, lanes)
         if weights_first:
             # A channel tile's weights copied into [KH][KW][IC][tile] where the
             # tile's loop starts: in HWIO its rows lie OC floats apart, a page
@@ -143,11 +140,7 @@ class ConvNHWC(Rule):
         # iterations are independent; the init's loops copy those kinds.
         if math.prod(extents) >= PARALLEL_MIN_WORK:
             sch.parallel(sch.fuse(*outer))
-        for columns, vectors_loop, lanes_loop in ((column, sum_ck, sum_cv), (wi, ck, cv)):  # the sum's, the epilogue's
-            # Each vector of the tile its own register: its columns and vectors unrolled.
-            sch.unroll(columns)
-            sch.unroll(vectors_loop)
-            sch.vectorize(lanes_loop)
+        in_registers(sch, [sum_tile, (wi, ck, cv)])  # the sum's, the epilogue's
         sch.decompose_reduction(conv, ry)
         return sch
 
@@ -174,6 +167,27 @@ class ConvNHWC(Rule):
             return 1, 1, lanes
         columns, vectors = max(tiles, key=lambda t: (min(t[0] * t[1], _FMA_CHAINS), t[0] * t[1] / (t[0] + t[1])))
         return columns, vectors, lanes
+
+
+def sum_in_tile(sch: Any, conv: Any, at: Any, vectors: int, lanes: int) -> tuple[tuple[Any, Any, Any], Any]:
+    """The convolution ``conv``'s sum computed under the loop ``at`` over
+    output tiles, its reduction (ry, rx, rc) around the tile's columns and
+    vectors of ``lanes`` channels: the tile's loops (columns, vectors, lanes)
+    and the reduction's first loop, where its init is decomposed."""
+    sch.compute_at(conv, at, preserve_unit_loops=True)
+    *_, column, channel, ry, rx, rc = sch.get_loops(conv)
+    sum_ck, sum_cv = sch.split(channel, [vectors, lanes])
+    sch.reorder(ry, rx, rc, column, sum_ck, sum_cv)
+    return (column, sum_ck, sum_cv), ry
+
+
+def in_registers(sch: Any, tiles: list[tuple[Any, Any, Any]]) -> None:
+    """Each vector of each tile (its columns, vectors and lanes loops) its own
+    register: columns and vectors unrolled, the lanes in one vector."""
+    for columns, vectors, lanes in tiles:
+        sch.unroll(columns)
+        sch.unroll(vectors)
+        sch.vectorize(lanes)
 
 
 def _name(sch: Any, block: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from tvm import ir
 
-from .conv import ConvNHWC, _CACHED_INPUT, _conv_shape, _reached
+from .conv import _CACHED_INPUT, ConvNHWC, _conv_shape, _reached, in_registers, sum_in_tile
 from .lanes import vector_lanes
 from .rule import Rule, has_reduction
 
@@ -67,9 +67,9 @@ class ExpansionDepthwise(Rule):
         kernel = int(depth.weight.shape[0])
         if weight[:2] != [1, 1] or wide_rows != 2 * out_rows:
             return None  # not a 1x1 expansion, or a depthwise convolution of another stride
-        if 4 * wide_rows * wide_width * wide.channels <= _CACHED_INPUT:
-            return None  # a wide tensor that stays in L2 anyway: nothing to gain
         row_bytes = 4 * wide_width * wide.channels
+        if wide_rows * row_bytes <= _CACHED_INPUT:
+            return None  # a wide tensor that stays in L2 anyway: nothing to gain
         # A band of d output rows reads 2d - 2 + kernel wide rows: kernel - 2 of
         # them another band computes too.
         bands = [d for d in range(min(_BAND_ROWS, out_rows), 0, -1)
@@ -81,12 +81,12 @@ class ExpansionDepthwise(Rule):
         # The blocks: what the expansion reads (its padding, none for 1x1),
         # its epilogue, the depthwise convolution's padding, its epilogue.
         before, between, after = blocks[:first], blocks[first + 1:second], blocks[second + 1:]
-        reads_wide = _reached(sch, expand, sch.get_consumers)
+        reads_wide, wide_reads = _reached(sch, expand, sch.get_consumers), _reached(sch, expand, sch.get_producers)
         padding = [b for b in between if _is_padding(sch.get(b)) and _feeds_only(sch, b, depthwise)]
         epilogue = [b for b in between if b not in padding]
         if (not epilogue or not after or len(padding) > 1
                 or any(str(sch.get(b).name_hint) not in reads_wide for b in between)
-                or any(str(sch.get(b).name_hint) not in _reached(sch, expand, sch.get_producers) for b in before)):
+                or any(str(sch.get(b).name_hint) not in wide_reads for b in before)):
             return None
         for block in before + epilogue[:-1] + padding + after[:-1]:
             sch.compute_inline(block)
@@ -100,11 +100,8 @@ class ExpansionDepthwise(Rule):
         wo, wi = sch.split(w, [None, w_tile])
         co, ck, cv = sch.split(c, [None, vectors, lanes])
         sch.reorder(n, band_loop, rows, co, wo, wi, ck, cv)
-        sch.compute_at(depthwise, wo, preserve_unit_loops=True)
-        *_, column, channel, ry, rx, rc = sch.get_loops(depthwise)
-        sum_ck, sum_cv = sch.split(channel, [vectors, lanes])
-        sch.reorder(ry, rx, rc, column, sum_ck, sum_cv)
-        tiles = [(column, sum_ck, sum_cv), (wi, ck, cv)]
+        sum_tile, ry = sum_in_tile(sch, depthwise, wo, vectors, lanes)
+        tiles = [sum_tile, (wi, ck, cv)]
 
         # The band's wide rows, each in the expansion's own tiles.
         sch.compute_at(wide_out, band_loop, preserve_unit_loops=True)
@@ -113,19 +110,13 @@ class ExpansionDepthwise(Rule):
         ewo, ewi = sch.split(ew, [None, w_tile])
         eco, eck, ecv = sch.split(ec, [None, vectors, lanes])
         sch.reorder(eh, eco, ewo, ewi, eck, ecv)
-        sch.compute_at(expand, ewo, preserve_unit_loops=True)
-        *_, column, channel, ry1, rx1, rc1 = sch.get_loops(expand)
-        sum_ck, sum_cv = sch.split(channel, [vectors, lanes])
-        sch.reorder(ry1, rx1, rc1, column, sum_ck, sum_cv)
-        tiles += [(column, sum_ck, sum_cv), (ewi, eck, ecv)]
+        sum_tile, wide_ry = sum_in_tile(sch, expand, ewo, vectors, lanes)
+        tiles += [sum_tile, (ewi, eck, ecv)]
 
         sch.parallel(sch.fuse(n, band_loop))
-        for columns, vectors_loop, lanes_loop in tiles:
-            sch.unroll(columns)
-            sch.unroll(vectors_loop)
-            sch.vectorize(lanes_loop)
+        in_registers(sch, tiles)
         sch.decompose_reduction(depthwise, ry)
-        sch.decompose_reduction(expand, ry1)
+        sch.decompose_reduction(expand, wide_ry)
         return sch
 
 
