@@ -3,6 +3,7 @@
     python compile_model.py --version
     python compile_model.py --host-target
     python compile_model.py MODEL.tflite OUT.so TARGET_JSON [TUNING_TRIALS [TUNING_DIR]]
+    python compile_model.py --serve
 
 Runs in its own process on the Python that has apache-tvm (``TVMDSOOP_TVM_PYTHON``),
 never in the TensorFlow process: TVM's compiler and TensorFlow each bring an LLVM,
@@ -24,6 +25,12 @@ With TUNING_TRIALS > 0, MetaSchedule tunes the model's kernels first (that many
 candidates measured on this machine, in all), and the compile uses the fastest;
 the library written is the faster of that and the untuned one, timed here.
 TUNING_DIR keeps what tuning finds for later compiles (``tune``).
+
+``--serve`` compiles one model after another, as tf_op does (tf_op/compiler/
+worker.py): each line of stdin is the arguments of a compile as a JSON list, and
+the compile's output ends with a line ``tvmdsoop-done: STATUS`` (its exit status
+run alone); it ends at the end of stdin. Each compile after the first is spared
+the start: importing TVM and its TFLite reader takes seconds.
 
 The library records the x86 extensions its target lets the code use, as Linux's
 /proc/cpuinfo names them, in a string ``tvmdsoop_cpu_flags``: dsoop refuses it on
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -110,6 +118,9 @@ def tvm_version() -> str:
 
 #: Starts the line of a failure the user can act on: the parent puts it first.
 ERROR_PREFIX = "tvmdsoop-error: "
+
+#: Ends a served compile's output, before its exit status (``serve``).
+DONE_PREFIX = "tvmdsoop-done: "
 
 
 def progress(message: str) -> None:
@@ -747,6 +758,26 @@ def proc_cpu_flags() -> set[str] | None:
     return set(line.partition(":")[2].split()) if line else None
 
 
+def serve() -> int:
+    """Compiles each request of stdin (``--serve``), ending each one's output with
+    its status. Both streams are flushed first: the parent reads them as one
+    pipe, and the status line closes what the compile wrote."""
+    for line in sys.stdin:
+        try:
+            arguments = json.loads(line)
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+            print(f"not a compile's arguments (a JSON list of strings): {line.strip()[:200]!r}", file=sys.stderr)
+            status = 64
+        else:
+            status = compile_main(arguments)
+            gc.collect()  # the compile's modules, before the worker waits for the next
+        sys.stderr.flush()
+        print(f"{DONE_PREFIX}{status}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--version"]:
         print(tvm_version())
@@ -754,6 +785,14 @@ def main(argv: list[str]) -> int:
     if argv == ["--host-target"]:
         print(json.dumps(host_target()))
         return 0
+    if argv == ["--serve"]:
+        return serve()
+    return compile_main(argv)
+
+
+def compile_main(argv: list[str]) -> int:
+    """A compile's arguments run: 0, 2 for a model TVM cannot take (the reason on
+    stderr), 64 for arguments that are not a compile's."""
     if len(argv) not in (3, 4, 5) or (len(argv) >= 4 and not argv[3].isdigit()):
         print(__doc__, file=sys.stderr)
         return 64

@@ -1,7 +1,8 @@
 """tf_op.compile: TF functions and Keras models compiled by TVM through TFLite.
 
 Each test compiles into its own tmp_path cache, so they are independent; a compile
-of these small models takes about 1.5 s (the TVM worker is a fresh process).
+of these small models takes about 2 s (the TVM worker is kept between compiles:
+test_compile_worker.py).
 """
 
 from __future__ import annotations

@@ -7,6 +7,15 @@ tf_op, and runs by path in a child process on the TVM Python
 (``TVMDSOOP_TVM_PYTHON``, default this Python), which may be another
 environment's. This module locates the package without importing it (its
 ``__init__`` imports TVM).
+
+A worker serves one compile after another (``compile_model.py --serve``) and is
+kept after each for the next: importing TVM and its TFLite reader takes about 4
+s, which each compile after the first is spared (a small model's whole compile
+takes 3 s). It goes when it has been idle a minute (``IDLE_SECONDS``), when this
+process exits or forks, or when it ran with other environment variables, another
+working folder or another worker source than the next compile's: each compile
+sees what a process started for it would. A tuning compile has a worker of its
+own, closed after it (tuning sets TVM's thread variables in its process).
 """
 
 from __future__ import annotations
@@ -19,9 +28,11 @@ import json
 import logging
 import os
 import re
+import atexit
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +56,17 @@ _ERROR_PREFIX = "tvmdsoop-error: "
 
 #: How many lines of the worker's stderr a CompileError shows.
 _STDERR_TAIL_LINES = 40
+
+#: The line a serving worker ends each compile's output with, and its exit
+#: status after it (compile_model.DONE_PREFIX).
+_DONE_PREFIX = "tvmdsoop-done: "
+
+#: How long a worker waits for the next compile before it is closed.
+IDLE_SECONDS = 60.0
+
+#: Environment variables that change often and that no compile reads, so a
+#: worker is kept across their changes: pytest names each test in one.
+_NOT_READ = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 def package_dir() -> Path:
@@ -110,8 +132,8 @@ def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, 
         # What tuning finds is kept in the cache folder, for the kernels of later compiles.
         tuning = [str(lib_path.parent / "tuning")] if trials else []
         returncode, output = _run(
-            [python, str(script()), str(tflite_path), str(out_path), json.dumps(target), str(trials), *tuning],
-            progress)
+            python, [str(tflite_path), str(out_path), json.dumps(target), str(trials), *tuning], progress,
+            kept=not trials)
         if returncode != 0 or not out_path.is_file():
             missing = missing_module(output)
             if missing is not None:
@@ -149,20 +171,150 @@ def missing_module(output: str) -> tuple[str, str] | None:
     return None
 
 
-def _run(command: list[str], progress: Progress) -> tuple[int, str]:
-    """Runs the TVM worker, logging its progress lines as they come (a tuning
-    compile takes minutes: the user sees which stage it is at) and TVM's own
-    output at DEBUG; its exit status and everything it wrote."""
-    lines = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as worker:
-        assert worker.stdout is not None
-        for line in worker.stdout:
+def _run(python: str, arguments: list[str], progress: Progress, kept: bool) -> tuple[int, str]:
+    """One compile (``compile_model.py``'s ``arguments``) by a worker on ``python``:
+    a kept one (``kept``) or one of its own. Its progress lines are logged as they
+    come (a tuning compile takes minutes: the user sees which stage it is at),
+    TVM's own output at DEBUG. Returns the compile's exit status and everything
+    it wrote: a worker that ended during it gives the exit status of its process."""
+    server = _Server.take(python) if kept else _Server(python, _Server.key(python))
+    try:
+        returncode, output = server.compile(arguments, progress)
+    except BaseException:
+        server.kill()  # interrupted in a compile: it is not one to wait for
+        raise
+    if kept and server.alive:
+        _Server.put_back(server)
+    else:
+        server.close()
+    return returncode, output
+
+
+class _Server:
+    """A running ``compile_model.py --serve``, and the kept ones, idle, by key.
+
+    Its stdout and stderr are one pipe, read as the compile goes; each compile's
+    output ends with its ``_DONE_PREFIX`` line."""
+
+    _lock = threading.Lock()
+    _idle: dict[tuple[object, ...], list[_Server]] = {}
+
+    def __init__(self, python: str, key: tuple[object, ...]) -> None:
+        self.key = key
+        self.alive = True
+        self.idle_since = 0.0
+        self.process = subprocess.Popen([python, str(script()), "--serve"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    @staticmethod
+    def key(python: str) -> tuple[object, ...]:
+        """What a compile's worker must share with it: a process started for the
+        compile would have these."""
+        environment = sorted((name, value) for name, value in os.environ.items() if name not in _NOT_READ)
+        return (python, str(script()), digest(), os.getcwd(), tuple(environment))
+
+    @classmethod
+    def take(cls, python: str) -> _Server:
+        """An idle worker for a compile in this process's state, or a new one."""
+        key = cls.key(python)
+        with cls._lock:
+            idle = cls._idle.get(key, [])
+            while idle:
+                server = idle.pop()
+                if server.process.poll() is None:
+                    return server
+                server.close()  # ended while idle (killed): not one to send a compile to
+        return cls(python, key)
+
+    @classmethod
+    def put_back(cls, server: _Server) -> None:
+        """Keeps ``server`` for the next compile, and closes it if none comes
+        within ``IDLE_SECONDS``."""
+        with cls._lock:
+            server.idle_since = time.monotonic()
+            cls._idle.setdefault(server.key, []).append(server)
+        timer = threading.Timer(IDLE_SECONDS, cls._close_if_idle, (server, server.idle_since))
+        timer.daemon = True
+        timer.start()
+
+    @classmethod
+    def _close_if_idle(cls, server: _Server, since: float) -> None:
+        with cls._lock:
+            idle = cls._idle.get(server.key, [])
+            if server not in idle or server.idle_since != since:
+                return  # taken since: its next idle spell has a timer of its own
+            idle.remove(server)
+        server.close()
+
+    @classmethod
+    def close_all(cls) -> None:
+        with cls._lock:
+            servers = [server for idle in cls._idle.values() for server in idle]
+            cls._idle.clear()
+        for server in servers:
+            server.close()
+
+    @classmethod
+    def forget_after_fork(cls) -> None:
+        """In a forked child: the parent's workers are the parent's. The child
+        closes its copies of their pipes (a worker ends when its parent's end of
+        stdin closes) and starts its own."""
+        cls._lock = threading.Lock()
+        for idle in cls._idle.values():
+            for server in idle:
+                for pipe in (server.process.stdin, server.process.stdout):
+                    if pipe is not None:
+                        os.close(pipe.fileno())
+        cls._idle = {}
+
+    def compile(self, arguments: list[str], progress: Progress) -> tuple[int, str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps(arguments) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended: what it wrote before it did is read below
+        lines = []
+        for line in self.process.stdout:
+            if line.startswith(_DONE_PREFIX):
+                return int(line[len(_DONE_PREFIX):]), "".join(lines)
             lines.append(line)
             if line.startswith("tvmdsoop: "):
                 progress.stage(line[len("tvmdsoop: "):].rstrip())
             else:
                 logger.debug("%s: TVM: %s", progress.name, line.rstrip())
-    return worker.returncode, "".join(lines)
+        self.alive = False
+        return self.process.wait(), "".join(lines)
+
+    def close(self) -> None:
+        """Lets it end on its own, at the end of its stdin, between compiles."""
+        self.alive = False
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def kill(self) -> None:
+        self.alive = False
+        self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:
+                    pass
+
+
+atexit.register(_Server.close_all)
+os.register_at_fork(after_in_child=_Server.forget_after_fork)
 
 
 def tail(text: str) -> str:
