@@ -67,7 +67,7 @@ run-go-examples:
 	go run ./examples/go/session $(BUILD)/examples/add_one.so
 
 # Two pytest-xdist workers: most tests wait on one-threaded work (TVM's compiler in
-# a subprocess, a TensorFlow trace), so two on 2 CPUs take 17 minutes where one
+# a kept worker, a TensorFlow trace), so two on 2 CPUs take 15 minutes where one
 # took 29. A test file runs whole on one worker (loadfile), so a module's fixture
 # (the wheel of test_install, a converted model) is made once; the session's test
 # libraries are shared between workers (tests/python/shared_build.py).
