@@ -102,8 +102,9 @@ def test_a_failed_compile_leaves_the_worker_serving(tmp_path: Path) -> None:
     _check_compiles(_dense(4, 0), tmp_path)
     (first,) = _kept_pids()
     lib = tmp_path / "garbage.so"
-    with pytest.raises(CompileError, match=r"TVM could not compile the model \(target 'portable', exit 2\)"):
-        worker.compile_into(b"not a flatbuffer", "portable", 0, worker.tvm_python(), lib, Progress("garbage"))
+    with Progress("garbage", after_s=float("inf")) as progress, pytest.raises(
+            CompileError, match=r"TVM could not compile the model \(target 'portable', exit 2\)"):
+        worker.compile_into(b"not a flatbuffer", "portable", 0, worker.tvm_python(), lib, progress)
     assert not lib.exists()
     _check_compiles(_dense(5, 1), tmp_path)
     assert _kept_pids() == [first]

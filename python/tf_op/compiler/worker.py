@@ -202,9 +202,11 @@ class _Server:
     def __init__(self, python: str, key: tuple[object, ...]) -> None:
         self.key = key
         self.alive = True
-        self.idle_since = 0.0
+        self.idle_timer: threading.Timer | None = None  # while kept: closes it when it runs out
+        # errors="replace": a byte of TVM's output that is not UTF-8 must not end the compile.
         self.process = subprocess.Popen([python, str(script()), "--serve"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        errors="replace")
 
     @staticmethod
     def key(python: str) -> tuple[object, ...]:
@@ -218,10 +220,14 @@ class _Server:
         """An idle worker for a compile in this process's state, or a new one."""
         key = cls.key(python)
         with cls._lock:
-            idle = cls._idle.get(key, [])
+            idle = cls._idle.pop(key, [])
             while idle:
                 server = idle.pop()
+                if server.idle_timer is not None:
+                    server.idle_timer.cancel()
                 if server.process.poll() is None:
+                    if idle:
+                        cls._idle[key] = idle
                     return server
                 server.close()  # ended while idle (killed): not one to send a compile to
         return cls(python, key)
@@ -230,20 +236,22 @@ class _Server:
     def put_back(cls, server: _Server) -> None:
         """Keeps ``server`` for the next compile, and closes it if none comes
         within ``IDLE_SECONDS``."""
-        with cls._lock:
-            server.idle_since = time.monotonic()
-            cls._idle.setdefault(server.key, []).append(server)
-        timer = threading.Timer(IDLE_SECONDS, cls._close_if_idle, (server, server.idle_since))
+        timer = threading.Timer(IDLE_SECONDS, cls._close_if_idle, (server,))
         timer.daemon = True
+        with cls._lock:
+            server.idle_timer = timer
+            cls._idle.setdefault(server.key, []).append(server)
         timer.start()
 
     @classmethod
-    def _close_if_idle(cls, server: _Server, since: float) -> None:
+    def _close_if_idle(cls, server: _Server) -> None:
         with cls._lock:
             idle = cls._idle.get(server.key, [])
-            if server not in idle or server.idle_since != since:
-                return  # taken since: its next idle spell has a timer of its own
+            if server not in idle:
+                return  # taken as the timer ran out
             idle.remove(server)
+            if not idle:
+                del cls._idle[server.key]
         server.close()
 
     @classmethod
@@ -252,6 +260,8 @@ class _Server:
             servers = [server for idle in cls._idle.values() for server in idle]
             cls._idle.clear()
         for server in servers:
+            if server.idle_timer is not None:
+                server.idle_timer.cancel()
             server.close()
 
     @classmethod
