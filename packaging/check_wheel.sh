@@ -57,7 +57,10 @@ print(f"TensorFlow {tf.__version__}: add_one in a graph from the wheel's {_libra
 
 compiled = tf_op.compile(lambda v: tf.nn.relu(v) * 2.0, input_signature=[tf.TensorSpec([5], tf.float32)])
 np.testing.assert_array_equal(compiled(x - 2).numpy(), np.maximum(x - 2, 0) * 2)
-print(f"TensorFlow {tf.__version__}: tf_op.compile from the wheel's [compile] extra")
+# The second compile is the kept worker's: it links with ziglang again.
+halved = tf_op.compile(lambda v: v * 0.5, input_signature=[tf.TensorSpec([5], tf.float32)])
+np.testing.assert_array_equal(halved(x).numpy(), x * 0.5)
+print(f"TensorFlow {tf.__version__}: tf_op.compile from the wheel's [compile] extra, twice")
 PY
 
 # The extras compose: [tune] after [compile] only adds.

@@ -56,6 +56,7 @@ so one file is safe on any x86-64 CPU and uses AVX2 or AVX-512 where there is on
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import gc
 import hashlib
@@ -63,6 +64,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -762,7 +764,11 @@ def serve() -> int:
     """Compiles each request of stdin (``--serve``), ending each one's output with
     its status. Both streams are flushed first: the parent reads them as one
     pipe, and the status line closes what the compile wrote."""
-    for line in sys.stdin:
+    # Its parent ends it (the end of stdin, or a kill when a compile is
+    # interrupted): a Ctrl-C at the terminal, which reaches the whole process
+    # group, must not end it between compiles.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while line := sys.stdin.readline():
         try:
             arguments = json.loads(line)
         except json.JSONDecodeError:
@@ -771,10 +777,22 @@ def serve() -> int:
             print(f"not a compile's arguments (a JSON list of strings): {line.strip()[:200]!r}", file=sys.stderr)
             status = 64
         else:
-            status = compile_main(arguments)
+            # Each compile in the environment the worker started with, as a
+            # process of its own would be (ensure_linker sets $CXX to a script
+            # in the compile's folder, which goes with it).
+            environment = dict(os.environ)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                status = compile_main(arguments)
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                os.environ.clear()
+                os.environ.update(environment)
             gc.collect()  # the compile's modules, before the worker waits for the next
         sys.stderr.flush()
-        print(f"{DONE_PREFIX}{status}", flush=True)
+        ctypes.CDLL(None).fflush(None)  # what C code wrote to stdio, before the line that ends it
+        # On a line of its own, whether or not what the compile wrote ended one.
+        print(f"\n{DONE_PREFIX}{status}", flush=True)
     return 0
 
 

@@ -92,10 +92,13 @@ def test_compiles_share_a_worker_until_the_environment_changes(tmp_path: Path,
     (first,) = _kept_pids()
     _check_compiles(_dense(5, 1), tmp_path)
     assert _kept_pids() == [first], "the second compile started a worker of its own"
-    # What a worker started for the compile would see differs: another worker.
+    # What a worker started for the compile would see differs: another worker,
+    # and the one kept for the old environment goes.
     monkeypatch.setenv("TVMDSOOP_WORKER_TEST", "1")
     _check_compiles(_dense(6, 2), tmp_path)
-    assert len(_kept_pids()) == 2 and first in _kept_pids()
+    (second,) = _kept_pids()
+    assert second != first
+    assert _wait_for(lambda: _gone(first))
 
 
 def test_a_failed_compile_leaves_the_worker_serving(tmp_path: Path) -> None:
@@ -117,6 +120,18 @@ def test_a_worker_killed_while_idle_is_replaced(tmp_path: Path) -> None:
     assert _wait_for(lambda: _gone(first))
     _check_compiles(_dense(5, 1), tmp_path)
     assert len(_kept_pids()) == 1 and first not in _kept_pids()
+
+
+def test_a_ctrl_c_between_compiles_leaves_the_worker(tmp_path: Path) -> None:
+    """A Ctrl-C at a terminal reaches the whole process group, the kept worker
+    too: between compiles it is the parent's to act on, not the worker's."""
+    _check_compiles(_dense(4, 0), tmp_path)
+    (first,) = _kept_pids()
+    os.kill(first, signal.SIGINT)
+    time.sleep(1)
+    assert not _gone(first)
+    _check_compiles(_dense(5, 1), tmp_path)
+    assert _kept_pids() == [first]
 
 
 def test_a_worker_killed_in_a_compile_is_that_compile_s_error_only(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ A worker serves one compile after another (``compile_model.py --serve``) and is
 kept after each for the next: importing TVM and its TFLite reader takes about 4
 s, which each compile after the first is spared (a small model's whole compile
 takes 3 s). It goes when it has been idle a minute (``IDLE_SECONDS``), when this
-process exits or forks, or when it ran with other environment variables, another
-working folder or another worker source than the next compile's: each compile
-sees what a process started for it would. A tuning compile has a worker of its
-own, closed after it (tuning sets TVM's thread variables in its process).
+process exits or forks, or when the next compile on its Python runs with other
+environment variables or another working folder: each compile sees what a
+process started for it would. A tuning compile has a worker of its own, closed
+after it (tuning sets TVM's thread variables in its process).
 """
 
 from __future__ import annotations
@@ -177,13 +177,14 @@ def _run(python: str, arguments: list[str], progress: Progress, kept: bool) -> t
     come (a tuning compile takes minutes: the user sees which stage it is at),
     TVM's own output at DEBUG. Returns the compile's exit status and everything
     it wrote: a worker that ended during it gives the exit status of its process."""
-    server = _Server.take(python) if kept else _Server(python, _Server.key(python))
+    key = _Server.key(python) if kept else None
+    server = _Server.take(python, key) if key is not None else _Server(python, None)
     try:
         returncode, output = server.compile(arguments, progress)
     except BaseException:
         server.kill()  # interrupted in a compile: it is not one to wait for
         raise
-    if kept and server.alive:
+    if key is not None and server.alive:
         _Server.put_back(server)
     else:
         server.close()
@@ -199,7 +200,7 @@ class _Server:
     _lock = threading.Lock()
     _idle: dict[tuple[object, ...], list[_Server]] = {}
 
-    def __init__(self, python: str, key: tuple[object, ...]) -> None:
+    def __init__(self, python: str, key: tuple[object, ...] | None) -> None:
         self.key = key
         self.alive = True
         self.idle_timer: threading.Timer | None = None  # while kept: closes it when it runs out
@@ -209,28 +210,35 @@ class _Server:
                                         errors="replace")
 
     @staticmethod
-    def key(python: str) -> tuple[object, ...]:
+    def key(python: str) -> tuple[object, ...] | None:
         """What a compile's worker must share with it: a process started for the
-        compile would have these."""
+        compile would have these. None where there is no working folder (it was
+        removed): such a compile has a worker of its own."""
+        try:
+            folder = os.getcwd()
+        except OSError:
+            return None
         environment = sorted((name, value) for name, value in os.environ.items() if name not in _NOT_READ)
-        return (python, str(script()), digest(), os.getcwd(), tuple(environment))
+        return (python, str(script()), folder, tuple(environment))
 
     @classmethod
-    def take(cls, python: str) -> _Server:
-        """An idle worker for a compile in this process's state, or a new one."""
-        key = cls.key(python)
+    def take(cls, python: str, key: tuple[object, ...]) -> _Server:
+        """An idle worker for a compile in this process's state, or a new one.
+        The idle workers of ``python`` kept for another state go: each holds
+        TVM's memory, and the state they were kept for has changed."""
+        found, stale = None, []
         with cls._lock:
-            idle = cls._idle.pop(key, [])
-            while idle:
-                server = idle.pop()
-                if server.idle_timer is not None:
-                    server.idle_timer.cancel()
-                if server.process.poll() is None:
-                    if idle:
-                        cls._idle[key] = idle
-                    return server
-                server.close()  # ended while idle (killed): not one to send a compile to
-        return cls(python, key)
+            for other in [k for k in cls._idle if k[0] == python]:
+                for server in cls._idle.pop(other):
+                    if server.idle_timer is not None:
+                        server.idle_timer.cancel()
+                    if found is None and other == key and server.process.poll() is None:
+                        found = server
+                    else:
+                        stale.append(server)
+        for server in stale:
+            server.close()
+        return found if found is not None else cls(python, key)
 
     @classmethod
     def put_back(cls, server: _Server) -> None:
@@ -273,8 +281,11 @@ class _Server:
         for idle in cls._idle.values():
             for server in idle:
                 for pipe in (server.process.stdin, server.process.stdout):
-                    if pipe is not None:
-                        os.close(pipe.fileno())
+                    try:
+                        if pipe is not None:
+                            pipe.close()  # stdin's buffer is empty: each request was flushed
+                    except OSError:
+                        pass
         cls._idle = {}
 
     def compile(self, arguments: list[str], progress: Progress) -> tuple[int, str]:
@@ -288,6 +299,8 @@ class _Server:
         for line in self.process.stdout:
             if line.startswith(_DONE_PREFIX):
                 return int(line[len(_DONE_PREFIX):]), "".join(lines)
+            if line == "\n":
+                continue  # the worker's own, before its done line (compile_model.serve)
             lines.append(line)
             if line.startswith("tvmdsoop: "):
                 progress.stage(line[len("tvmdsoop: "):].rstrip())
