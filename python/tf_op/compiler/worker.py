@@ -11,7 +11,7 @@ environment's. This module locates the package without importing it (its
 A worker serves one compile after another (``compile_model.py --serve``) and is
 kept after each for the next: importing TVM and its TFLite reader takes about 4
 s, which each compile after the first is spared (a small model's whole compile
-takes 3 s). It goes when it has been idle a minute (``IDLE_SECONDS``), when this
+then takes about 2 s). It goes when it has been idle a minute (``IDLE_SECONDS``), when this
 process exits or forks, or when the next compile on its Python runs with other
 environment variables or another working folder: each compile sees what a
 process started for it would. A tuning compile has a worker of its own, closed
@@ -20,6 +20,7 @@ after it (tuning sets TVM's thread variables in its process).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib.metadata
@@ -28,7 +29,6 @@ import json
 import logging
 import os
 import re
-import atexit
 import subprocess
 import sys
 import tempfile
@@ -202,7 +202,6 @@ class _Server:
 
     def __init__(self, python: str, key: tuple[object, ...] | None) -> None:
         self.key = key
-        self.alive = True
         self.idle_timer: threading.Timer | None = None  # while kept: closes it when it runs out
         # errors="replace": a byte of TVM's output that is not UTF-8 must not end the compile.
         self.process = subprocess.Popen([python, str(script()), "--serve"], stdin=subprocess.PIPE,
@@ -239,6 +238,11 @@ class _Server:
         for server in stale:
             server.close()
         return found if found is not None else cls(python, key)
+
+    @property
+    def alive(self) -> bool:
+        """Not yet seen to end: reading its output to the end waits for it."""
+        return self.process.returncode is None
 
     @classmethod
     def put_back(cls, server: _Server) -> None:
@@ -280,12 +284,7 @@ class _Server:
         cls._lock = threading.Lock()
         for idle in cls._idle.values():
             for server in idle:
-                for pipe in (server.process.stdin, server.process.stdout):
-                    try:
-                        if pipe is not None:
-                            pipe.close()  # stdin's buffer is empty: each request was flushed
-                    except OSError:
-                        pass
+                server._close_pipes()  # stdin's buffer is empty: each request was flushed
         cls._idle = {}
 
     def compile(self, arguments: list[str], progress: Progress) -> tuple[int, str]:
@@ -306,34 +305,30 @@ class _Server:
                 progress.stage(line[len("tvmdsoop: "):].rstrip())
             else:
                 logger.debug("%s: TVM: %s", progress.name, line.rstrip())
-        self.alive = False
         return self.process.wait(), "".join(lines)
 
     def close(self) -> None:
         """Lets it end on its own, at the end of its stdin, between compiles."""
-        self.alive = False
-        try:
-            if self.process.stdin is not None:
-                self.process.stdin.close()
-        except BrokenPipeError:
-            pass
+        self._close_pipes()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.kill()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+            self.process.kill()
+            self.process.wait()
 
     def kill(self) -> None:
-        self.alive = False
         self.process.kill()
         self.process.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Its stdin first: the end of its requests."""
         for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                try:
+            try:
+                if pipe is not None:
                     pipe.close()
-                except BrokenPipeError:
-                    pass
+            except OSError:
+                pass  # a worker gone before its stdin's buffer was written out
 
 
 atexit.register(_Server.close_all)
