@@ -1,0 +1,185 @@
+"""compile_model.export_levels: a portable library's higher levels built each by
+a process of its own (``LevelProcess``) while the compile builds the baseline,
+their failures reported by level, and none left building once the compile has
+failed or been killed.
+
+The levels are a one-line TVM kernel, built on the TVM Python (TVM_PYTHON) in a
+child process, as the worker does: TVM and TensorFlow each bring an LLVM. That
+script is a file, not ``-c``: multiprocessing's fork server imports the main
+module's file in each process it starts, to find the functions it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import TVM_PYTHON
+
+from tf_op.compiler import worker
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                reason="levels are built in processes of their own only with two CPUs or more")
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from functools import partial
+    from pathlib import Path
+
+    sys.path.insert(0, sys.argv[1])
+    from tf_op_tvm import compile_model
+
+
+    def build_level(level, wait_for=None):
+        import tvm
+        from tvm import te
+
+        if wait_for is not None:  # the base level fails once the others are building
+            while not all(Path(wait_for, f"{name}.pid").exists() for name in compile_model.X86_LEVELS[1:]):
+                time.sleep(0.05)
+            raise RuntimeError("the baseline cannot be built")
+        target = tvm.target.Target(level)
+        a = te.placeholder((8,), name="a")
+        b = te.compute((8,), lambda i: a[i] + 1.0, name="b")
+        return tvm.compile(te.create_prim_func([a, b]).with_attr("global_symbol", "add_one"), target=target), target
+
+
+    def build_apart(record_dir, behaviour, level, out_path):
+        Path(record_dir, f"{level['mcpu']}.pid").write_text(str(os.getpid()))
+        if behaviour == "raise" and level["mcpu"] == "x86-64-v4":
+            raise ValueError("this level cannot be built")
+        if behaviour == "die" and level["mcpu"] == "x86-64-v3":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if behaviour in ("sleep", "base fails"):
+            time.sleep(300)
+        built, target = build_level(level)
+        compile_model.export_recorded(built, target, out_path, out_path.parent)
+        return {"compile_s": 1.5}
+
+
+    if __name__ == "__main__":
+        behaviour, out_dir = sys.argv[2], Path(sys.argv[3])
+        base = partial(build_level, wait_for=out_dir) if behaviour == "base fails" else build_level
+        try:
+            figures = compile_model.export_levels(base, out_dir / "lib.so", compile_model.PORTABLE,
+                                                  partial(build_apart, str(out_dir), behaviour))
+        except Exception as err:
+            print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+        else:
+            print(json.dumps({"figures": figures, "pid": os.getpid()}))
+""")
+
+
+def _start(tmp_path: Path, behaviour: str) -> subprocess.Popen[str]:
+    script = tmp_path / "levels_check.py"
+    script.write_text(_SCRIPT)
+    return subprocess.Popen([TVM_PYTHON, str(script), str(worker.package_dir().parent), behaviour, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run(tmp_path: Path, behaviour: str) -> dict[str, object]:
+    process = _start(tmp_path, behaviour)
+    try:
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _level_pids(tmp_path: Path) -> dict[str, int]:
+    return {path.stem: int(path.read_text()) for path in tmp_path.glob("*.pid") if path.read_text()}
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie no one reaps counts)."""
+    try:
+        return (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+    except OSError:
+        return True
+
+
+def _fork_servers(tmp_path: Path) -> list[int]:
+    """multiprocessing's fork servers started by the script in ``tmp_path``
+    (its folder is on the path each is started with)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if entry.name.isdigit() and b"multiprocessing.forkserver" in command and str(tmp_path).encode() in command:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_higher_levels_are_built_by_processes_of_their_own(tmp_path: Path) -> None:
+    """Each higher level in a process of its own, its library embedded in the
+    baseline's, its figures summed into the compile's."""
+    result = _run(tmp_path, "ok")
+    figures = result["figures"]
+    assert figures["levels"] == ["x86-64-v3", "x86-64-v4"]
+    assert figures["compile_s"] == 3.0
+    assert figures["cpu_flags"] == []
+    pids = _level_pids(tmp_path)
+    assert sorted(pids) == ["x86-64-v3", "x86-64-v4"]
+    assert len({result["pid"], *pids.values()}) == 3, (result["pid"], pids)
+    symbols = subprocess.run(["nm", "--defined-only", str(tmp_path / "lib.so")], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert {"tvmdsoop_level_x86_64_v3", "tvmdsoop_level_x86_64_v4", "__tvm_ffi_add_one"} <= set(symbols), symbols
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    ("raise", "LevelProcessError: building for x86-64-v4: ValueError: this level cannot be built"),
+    ("die", "LevelProcessError: building for x86-64-v3: its process ended with exit code -9 before it was done"),
+])
+def test_a_level_that_fails_is_the_compile_s_error(tmp_path: Path, behaviour: str, message: str) -> None:
+    """A level's exception, or its process's death, fails the compile with an
+    error that names the level; nothing waits on the dead process."""
+    assert _run(tmp_path, behaviour) == {"error": message}
+    assert not (tmp_path / "lib.so").exists()
+
+
+def test_a_failed_baseline_leaves_no_level_building(tmp_path: Path) -> None:
+    """The baseline's error ends the compile at once: the levels still
+    building are stopped, not waited for."""
+    started = time.monotonic()
+    assert _run(tmp_path, "base fails") == {"error": "RuntimeError: the baseline cannot be built"}
+    assert time.monotonic() - started < 60
+    pids = _level_pids(tmp_path)
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids.values()), pids
+
+
+def test_a_killed_compile_leaves_no_level_building(tmp_path: Path) -> None:
+    """A compile killed (the worker, when the compile is interrupted) takes its
+    level processes with it, and multiprocessing's fork server goes too."""
+    process = _start(tmp_path, "sleep")
+    try:
+        assert _wait_for(lambda: len(_level_pids(tmp_path)) == 2, 60), process.stderr
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        pids = _level_pids(tmp_path)
+        assert _wait_for(lambda: all(_gone(pid) for pid in pids.values()), 20), pids
+        assert _wait_for(lambda: all(_gone(pid) for pid in _fork_servers(tmp_path)), 20)
+    finally:
+        process.kill()
+        process.communicate()
+        for pid in [*_level_pids(tmp_path).values(), *_fork_servers(tmp_path)]:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
