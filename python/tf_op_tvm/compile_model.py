@@ -295,9 +295,9 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     ``target``: for ``PORTABLE``, once per level of ``X86_LEVELS``, the first
     carrying the others (``levels_source``), each recording the CPU features it
     uses. With ``build_apart`` (a function that pickles: it builds a level and
-    exports it to the path it is given, and returns its figures) and two CPUs
-    or more, each level above the first is built by ``build_apart`` in a
-    process of its own while this one builds the first.
+    exports it to the path it is given, and returns its figures) and two
+    processes or more (``level_processes``), each level above the first is built
+    by ``build_apart`` in a process of its own while this one builds the first.
 
     Returns the first level's CPU flags (``cpu_flags``), the higher levels'
     names (``levels``), the seconds spent exporting (``export_s``) and those the
@@ -308,7 +308,7 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     with tempfile.TemporaryDirectory() as tmp:
         # Each level above the first: its library, embedded in the first's.
         higher = {target_name(level): Path(tmp, f"{target_name(level)}.so") for level in levels[1:]}
-        apart = len(levels) > 1 and len(os.sched_getaffinity(0)) >= 2
+        apart = len(levels) > 1 and level_processes() >= 2
         with contextlib.ExitStack() as processes:
             started = [processes.enter_context(LevelProcess(build_apart, level, higher[target_name(level)]))
                        for level in levels[1:]] if apart and build_apart is not None else []
@@ -331,6 +331,23 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
         figures["cpu_flags"] = export_recorded(built, tvm_target, out_path, Path(tmp), addons)
         figures["export_s"] += time.perf_counter() - exporting
     return figures
+
+
+#: Set to 1, a portable compile builds its levels one after another in one
+#: process: each process of a parallel build holds the model (ResNet50's compile
+#: peaks at 2.8 GB so, 1.2 GB one level at a time).
+LEVEL_PROCESSES_ENV = "TVMDSOOP_COMPILE_PROCESSES"
+
+
+def level_processes() -> int:
+    """How many processes may build a portable library's levels at once:
+    ``LEVEL_PROCESSES_ENV``, else the CPUs this process may run on."""
+    value = os.environ.get(LEVEL_PROCESSES_ENV, "")
+    if not value:
+        return len(os.sched_getaffinity(0))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{LEVEL_PROCESSES_ENV}={value!r}: expected a whole number of processes, 1 or more")
+    return int(value)
 
 
 class LevelProcessError(Exception):

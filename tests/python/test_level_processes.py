@@ -1,7 +1,9 @@
 """compile_model.export_levels: a portable library's higher levels built each by
 a process of its own (``LevelProcess``) while the compile builds the baseline,
 their failures reported by level, and none left building once the compile has
-failed or been killed.
+failed or been killed; ``TVMDSOOP_COMPILE_PROCESSES=1`` builds them one after
+another, in the compile's process (the tests set 3 otherwise: the processes
+run on a machine of any CPU count).
 
 The levels are a one-line TVM kernel, built on the TVM Python (TVM_PYTHON) in a
 child process, as the worker does: TVM and TensorFlow each bring an LLVM. That
@@ -24,9 +26,6 @@ import pytest
 from conftest import TVM_PYTHON
 
 from tf_op.compiler import worker
-
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                                reason="levels are built in processes of their own only with two CPUs or more")
 
 _SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, time
@@ -77,15 +76,16 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path: Path, behaviour: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, behaviour: str, processes: str = "3") -> subprocess.Popen[str]:
     script = tmp_path / "levels_check.py"
     script.write_text(_SCRIPT)
+    environment = {**os.environ, "TVMDSOOP_COMPILE_PROCESSES": processes}
     return subprocess.Popen([TVM_PYTHON, str(script), str(worker.package_dir().parent), behaviour, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
 
 
-def _run(tmp_path: Path, behaviour: str) -> dict[str, object]:
-    process = _start(tmp_path, behaviour)
+def _run(tmp_path: Path, behaviour: str, processes: str = "3") -> dict[str, object]:
+    process = _start(tmp_path, behaviour, processes)
     try:
         out, err = process.communicate(timeout=120)
     finally:
@@ -143,6 +143,23 @@ def test_higher_levels_are_built_by_processes_of_their_own(tmp_path: Path) -> No
     symbols = subprocess.run(["nm", "--defined-only", str(tmp_path / "lib.so")], capture_output=True, text=True,
                              check=True).stdout.split()
     assert {"tvmdsoop_level_x86_64_v3", "tvmdsoop_level_x86_64_v4", "__tvm_ffi_add_one"} <= set(symbols), symbols
+
+
+def test_one_process_builds_the_levels_one_after_another(tmp_path: Path) -> None:
+    """TVMDSOOP_COMPILE_PROCESSES=1 (a machine short of memory): every level
+    built in the compile's own process, the same library."""
+    figures = _run(tmp_path, "ok", processes="1")["figures"]
+    assert figures["levels"] == ["x86-64-v3", "x86-64-v4"] and figures["compile_s"] == 0.0
+    assert _level_pids(tmp_path) == {}
+    symbols = subprocess.run(["nm", "--defined-only", str(tmp_path / "lib.so")], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert {"tvmdsoop_level_x86_64_v3", "tvmdsoop_level_x86_64_v4", "__tvm_ffi_add_one"} <= set(symbols), symbols
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_process_count_that_is_not_one_is_refused(tmp_path: Path, value: str) -> None:
+    assert _run(tmp_path, "ok", processes=value) == {
+        "error": f"ValueError: TVMDSOOP_COMPILE_PROCESSES={value!r}: expected a whole number of processes, 1 or more"}
 
 
 @pytest.mark.parametrize(("behaviour", "message"), [
