@@ -8,6 +8,7 @@ import runpy
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -95,3 +96,21 @@ def legacy_graph(
     node.attr["has_static_output_shape"].b = static_shape is not None
     node.attr["static_output_shape"].list.i.extend(static_shape or [])
     return graph_def
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie no one reaps counts)."""
+    try:
+        return (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+    except OSError:
+        return True
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 30) -> bool:
+    """Whether ``condition()`` holds within ``seconds``, asked every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

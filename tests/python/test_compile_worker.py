@@ -13,7 +13,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TVM_PYTHON
-from helpers import run_python
+from helpers import process_gone, run_python, wait_for
 
 from tf_op import CompileError, compile
 from tf_op.compiler import worker
@@ -62,23 +61,6 @@ def _serving_children() -> list[int]:
     return found
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie no one reaps counts)."""
-    try:
-        return (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
-    except OSError:
-        return True
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float = 30) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 @pytest.fixture(autouse=True)
 def _no_kept_workers() -> None:
     worker._Server.close_all()
@@ -98,7 +80,7 @@ def test_compiles_share_a_worker_until_the_environment_changes(tmp_path: Path,
     _check_compiles(_dense(6, 2), tmp_path)
     (second,) = _kept_pids()
     assert second != first
-    assert _wait_for(lambda: _gone(first))
+    assert wait_for(lambda: process_gone(first))
 
 
 def test_a_failed_compile_leaves_the_worker_serving(tmp_path: Path) -> None:
@@ -117,7 +99,7 @@ def test_a_worker_killed_while_idle_is_replaced(tmp_path: Path) -> None:
     _check_compiles(_dense(4, 0), tmp_path)
     (first,) = _kept_pids()
     os.kill(first, signal.SIGKILL)
-    assert _wait_for(lambda: _gone(first))
+    assert wait_for(lambda: process_gone(first))
     _check_compiles(_dense(5, 1), tmp_path)
     assert len(_kept_pids()) == 1 and first not in _kept_pids()
 
@@ -129,7 +111,7 @@ def test_a_ctrl_c_between_compiles_leaves_the_worker(tmp_path: Path) -> None:
     (first,) = _kept_pids()
     os.kill(first, signal.SIGINT)
     time.sleep(1)
-    assert not _gone(first)
+    assert not process_gone(first)
     _check_compiles(_dense(5, 1), tmp_path)
     assert _kept_pids() == [first]
 
@@ -145,7 +127,7 @@ def test_a_worker_killed_in_a_compile_is_that_compile_s_error_only(tmp_path: Pat
 
     thread = threading.Thread(target=compile_in_thread)
     thread.start()
-    assert _wait_for(lambda: bool(_serving_children()), 60), "no worker started"
+    assert wait_for(lambda: bool(_serving_children()), 60), "no worker started"
     (busy,) = _serving_children()
     os.kill(busy, signal.SIGKILL)
     thread.join(120)
@@ -160,7 +142,7 @@ def test_an_idle_worker_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(worker, "IDLE_SECONDS", 0.2)
     _check_compiles(_dense(4, 0), tmp_path)
     (first,) = _kept_pids()
-    assert _wait_for(lambda: not _kept_pids() and _gone(first))
+    assert wait_for(lambda: not _kept_pids() and process_gone(first))
     _check_compiles(_dense(5, 1), tmp_path)
 
 
@@ -218,7 +200,7 @@ def test_a_forked_child_has_workers_of_its_own_and_none_outlives_its_process(tmp
     (child_worker,) = got["child"]["workers"]
     assert child_worker != got["parent"]
     for pid in (got["parent"], child_worker):
-        assert _wait_for(lambda pid=pid: _gone(pid), 10), f"worker {pid} outlived its process"
+        assert wait_for(lambda pid=pid: process_gone(pid), 10), f"worker {pid} outlived its process"
 
 
 def test_a_served_request_that_is_not_a_compile_is_refused_and_the_next_served(tmp_path: Path) -> None:

@@ -19,11 +19,11 @@ import signal
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import TVM_PYTHON
+from helpers import process_gone, wait_for
 
 from tf_op.compiler import worker
 
@@ -98,14 +98,6 @@ def _level_pids(tmp_path: Path) -> dict[str, int]:
     return {path.stem: int(path.read_text()) for path in tmp_path.glob("*.pid") if path.read_text()}
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie no one reaps counts)."""
-    try:
-        return (Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
-    except OSError:
-        return True
-
-
 def _fork_servers(tmp_path: Path) -> list[int]:
     """multiprocessing's fork servers started by the script in ``tmp_path``
     (its folder is on the path each is started with)."""
@@ -118,15 +110,6 @@ def _fork_servers(tmp_path: Path) -> list[int]:
         if entry.name.isdigit() and b"multiprocessing.forkserver" in command and str(tmp_path).encode() in command:
             found.append(int(entry.name))
     return found
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_higher_levels_are_built_by_processes_of_their_own(tmp_path: Path) -> None:
@@ -180,7 +163,7 @@ def test_a_failed_baseline_leaves_no_level_building(tmp_path: Path) -> None:
     assert _run(tmp_path, "base fails") == {"error": "RuntimeError: the baseline cannot be built"}
     assert time.monotonic() - started < 60
     pids = _level_pids(tmp_path)
-    assert len(pids) == 2 and all(_gone(pid) for pid in pids.values()), pids
+    assert len(pids) == 2 and all(process_gone(pid) for pid in pids.values()), pids
 
 
 def test_a_killed_compile_leaves_no_level_building(tmp_path: Path) -> None:
@@ -188,15 +171,15 @@ def test_a_killed_compile_leaves_no_level_building(tmp_path: Path) -> None:
     level processes with it, and multiprocessing's fork server goes too."""
     process = _start(tmp_path, "sleep")
     try:
-        assert _wait_for(lambda: len(_level_pids(tmp_path)) == 2, 60), process.stderr
+        assert wait_for(lambda: len(_level_pids(tmp_path)) == 2, 60), process.stderr
         process.send_signal(signal.SIGKILL)
         process.wait()
         pids = _level_pids(tmp_path)
-        assert _wait_for(lambda: all(_gone(pid) for pid in pids.values()), 20), pids
-        assert _wait_for(lambda: all(_gone(pid) for pid in _fork_servers(tmp_path)), 20)
+        assert wait_for(lambda: all(process_gone(pid) for pid in pids.values()), 20), pids
+        assert wait_for(lambda: all(process_gone(pid) for pid in _fork_servers(tmp_path)), 20)
     finally:
         process.kill()
         process.communicate()
         for pid in [*_level_pids(tmp_path).values(), *_fork_servers(tmp_path)]:
-            if not _gone(pid):
+            if not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)
