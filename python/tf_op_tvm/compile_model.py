@@ -121,6 +121,10 @@ X86_LEVELS = ("x86-64", "x86-64-v3", "x86-64-v4")
 #: The target of a library that holds one build per level of ``X86_LEVELS``.
 PORTABLE = "portable"
 
+#: What a compile imports that takes seconds to: a process about to compile
+#: imports these before its first request.
+COMPILER_MODULES = ("tvm", "tvm.relax", "tvm.relax.frontend.tflite", "tflite")
+
 
 def tvm_version() -> str:
     """The apache-tvm distribution's version, read from its metadata only."""
@@ -135,7 +139,10 @@ DONE_PREFIX = "tvmdsoop-done: "
 
 
 def progress(message: str) -> None:
-    print(f"tvmdsoop: {message}", file=sys.stderr, flush=True)
+    """One stage's line, in one write: the processes of a portable compile's
+    levels write theirs to the same pipe."""
+    sys.stderr.write(f"tvmdsoop: {message}\n")
+    sys.stderr.flush()
 
 
 def _patch_flatten_to_nd() -> None:
@@ -354,6 +361,18 @@ class LevelProcessError(Exception):
     """A level of a portable library failed in the process that built it."""
 
 
+def start_level_server() -> Any:
+    """Starts multiprocessing's fork server, from which each ``LevelProcess``
+    comes, if it is not running, and returns its context. A process's start
+    waits for the server to have imported ``COMPILER_MODULES`` (seconds): a
+    worker starts it before its first request (``serve``)."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(list(COMPILER_MODULES))
+    forkserver.ensure_running()
+    return multiprocessing.get_context("forkserver")
+
+
 class LevelProcess:
     """One level of a portable library built by a process of its own: started
     on entry, stopped on exit if it has not ended (the compile failed or was
@@ -369,8 +388,7 @@ class LevelProcess:
                  out_path: Path) -> None:
         self.name = target_name(level)
         self._done = False
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["tvm", "tvm.relax", "tvm.relax.frontend.tflite", "tflite"])
+        context = start_level_server()
         self._results, sender = context.Pipe(duplex=False)
         watch, self._alive = context.Pipe(duplex=False)  # this process's end: closed when it ends
         self._process = context.Process(target=_level_process_main, name=f"tvmdsoop level {self.name}",
@@ -916,6 +934,15 @@ def serve() -> int:
     # interrupted): a Ctrl-C at the terminal, which reaches the whole process
     # group, must not end it between compiles.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before the first request: tf_op starts the worker ahead of it, to import
+    # TVM while it converts the model (worker.start_ahead). A module that is
+    # missing fails the first compile instead, which names it.
+    with contextlib.suppress(ValueError):  # a bad TVMDSOOP_COMPILE_PROCESSES: the compile says so
+        if level_processes() >= 2:
+            start_level_server()  # first: it imports TVM in its process while this one does
+    with contextlib.suppress(ImportError):
+        for module in COMPILER_MODULES:
+            importlib.import_module(module)
     while line := sys.stdin.readline():
         try:
             arguments = json.loads(line)

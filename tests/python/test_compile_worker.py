@@ -83,13 +83,54 @@ def test_compiles_share_a_worker_until_the_environment_changes(tmp_path: Path,
     assert wait_for(lambda: process_gone(first))
 
 
+def _loaded(pid: int, library: str) -> bool:
+    try:
+        return library in Path("/proc", str(pid), "maps").read_text()
+    except OSError:
+        return False
+
+
+def _has_fork_server(pid: int) -> bool:
+    """Whether ``pid`` has started multiprocessing's fork server (the levels'
+    processes come from it: compile_model.start_level_server)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"multiprocessing.forkserver" in (entry / "cmdline").read_bytes():
+                return True
+        except (OSError, IndexError, ValueError):
+            continue
+    return False
+
+
+def test_the_first_compile_s_worker_starts_before_the_conversion(tmp_path: Path) -> None:
+    """The worker is started as the conversion to TFLite starts, and before any
+    request has imported TVM and started the fork server of the levels'
+    processes: the first compile of a process no longer waits for both after
+    the conversion. The compile takes that worker."""
+    started: list[int] = []
+
+    def tflite() -> bytes:
+        started.extend(_kept_pids())
+        assert len(started) == 1, started
+        assert wait_for(lambda: _loaded(started[0], "libtvm_compiler.so"), 60), "the worker did not import TVM"
+        assert wait_for(lambda: _has_fork_server(started[0]), 60), "the worker did not start the fork server"
+        return b"not a flatbuffer"
+
+    with Progress("ahead", after_s=float("inf")) as progress, pytest.raises(CompileError):
+        worker.compile_into(tflite, "portable", 0, worker.tvm_python(), tmp_path / "lib.so", progress)
+    assert _kept_pids() == started
+    _check_compiles(_dense(4, 0), tmp_path)
+    assert _kept_pids() == started
+
+
 def test_a_failed_compile_leaves_the_worker_serving(tmp_path: Path) -> None:
     _check_compiles(_dense(4, 0), tmp_path)
     (first,) = _kept_pids()
     lib = tmp_path / "garbage.so"
     with Progress("garbage", after_s=float("inf")) as progress, pytest.raises(
             CompileError, match=r"TVM could not compile the model \(target 'portable', exit 2\)"):
-        worker.compile_into(b"not a flatbuffer", "portable", 0, worker.tvm_python(), lib, progress)
+        worker.compile_into(lambda: b"not a flatbuffer", "portable", 0, worker.tvm_python(), lib, progress)
     assert not lib.exists()
     _check_compiles(_dense(5, 1), tmp_path)
     assert _kept_pids() == [first]

@@ -79,7 +79,7 @@ def library(fingerprint: str, tflite: Callable[[], bytes], target: Target, trial
             logger.warning("cache entry %s does not match its recorded sha256: rebuilding it", lib_path)
         else:
             logger.info("cache miss for %s: converting it to TFLite and compiling %s", progress.name, lib_path)
-        digest = worker.compile_into(tflite(), target, trials, python, lib_path, progress)
+        digest = worker.compile_into(tflite, target, trials, python, lib_path, progress)
         write_atomically(digest_path, digest.encode() + b"\n")
     return lib_path, digest
 

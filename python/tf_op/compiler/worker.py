@@ -15,7 +15,9 @@ then takes about 2 s). It goes when it has been idle a minute (``IDLE_SECONDS``)
 process exits or forks, or when the next compile on its Python runs with other
 environment variables or another working folder: each compile sees what a
 process started for it would. A tuning compile has a worker of its own, closed
-after it (tuning sets TVM's thread variables in its process).
+after it (tuning sets TVM's thread variables in its process). The first
+compile's worker is started before the model is converted to TFLite
+(``start_ahead``), and imports TVM meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,11 +123,16 @@ def tvm_version(python: str) -> str:
     return result.stdout.strip()
 
 
-def compile_into(tflite_bytes: bytes, target: Target, trials: int, python: str, lib_path: Path,
+def compile_into(tflite: Callable[[], bytes], target: Target, trials: int, python: str, lib_path: Path,
                  progress: Progress) -> str:
-    """Runs the TVM worker into a temporary file beside ``lib_path`` and renames it
-    into place, so a failed or interrupted compile leaves nothing under the key;
-    the library's sha256."""
+    """Runs the TVM worker on the flatbuffer ``tflite()`` makes, into a temporary
+    file beside ``lib_path``, and renames it into place, so a failed or
+    interrupted compile leaves nothing under the key; the library's sha256. The
+    worker is started first (``start_ahead``): it imports TVM while this
+    process converts the model."""
+    if not trials:
+        start_ahead(python)
+    tflite_bytes = tflite()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=lib_path.parent) as tmp:
         tflite_path, out_path = Path(tmp, "model.tflite"), Path(tmp, "model.so")
@@ -189,6 +197,22 @@ def _run(python: str, arguments: list[str], progress: Progress, kept: bool) -> t
     else:
         server.close()
     return returncode, output
+
+
+def start_ahead(python: str) -> None:
+    """Starts the kept worker of a compile about to be asked for, unless one is
+    idle for this process's state already: it imports TVM and its TFLite
+    reader (seconds; ``compile_model.serve``) while this process converts the
+    model to TFLite (seconds too), and the compile takes it (``_run``). Kept
+    as any idle worker is: one that no compile takes goes after
+    ``IDLE_SECONDS``."""
+    key = _Server.key(python)
+    if key is None:
+        return
+    with _Server._lock:
+        if _Server._idle.get(key):
+            return
+    _Server.put_back(_Server(python, key))
 
 
 class _Server:
