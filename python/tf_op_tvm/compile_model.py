@@ -51,10 +51,10 @@ each of ``X86_LEVELS``: OUT.so is the baseline library, and carries each higher
 level's whole library in a data symbol ``tvmdsoop_level_<level>`` (each with its
 own flags record). dsoop loads the highest level the CPU has (dsoop/levels.go),
 so one file is safe on any x86-64 CPU and uses AVX2 or AVX-512 where there is one.
-On a machine with two CPUs or more the higher levels are built at the same time
-as the baseline, each by a process of its own (``LevelProcess``): three levels
-cost about one and a half levels' time instead of three (ResNet50 19.5 -> 12.3 s
-on 2 CPUs).
+On a machine with two CPUs or more, a model of ``LEVELS_APART_OPERATIONS`` or
+more has its higher levels built at the same time as the baseline, each by a
+process of its own (``LevelProcess``): three levels cost about one and a half
+levels' time instead of three (ResNet50 19.5 -> 12.3 s on 2 CPUs).
 """
 
 from __future__ import annotations
@@ -264,12 +264,27 @@ def compile_tflite(tflite_path: Path, out_path: Path, target: dict[str, object] 
         figures.update(level_figures)
         return executable, tvm_target
 
-    levels = export_levels(build_level, out_path, target, partial(build_level_library, tflite_path.resolve()))
+    # A small model's levels take less time to build than a process of their own takes to start.
+    apart = partial(build_level_library, tflite_path.resolve()) if operations(mod) >= LEVELS_APART_OPERATIONS else None
+    levels = export_levels(build_level, out_path, target, apart)
     figures["compile_s"] += levels.pop("compile_s")
     figures.update(levels)
     if levels["levels"]:
         progress(f"built for {', '.join(X86_LEVELS)}: dsoop loads the highest this CPU has")
     print(json.dumps(figures))
+
+
+#: How many operations a model has before a portable compile builds its higher
+#: levels in processes of their own (``export_levels``): each process's start,
+#: and its first build's, cost about a second of CPU, which a small model's
+#: levels do not repay (the small CNN, 10 operations, 2.2 -> 2.9 s; MobileNetV2,
+#: 153, 15.3 -> 8.7 s on 2 CPUs).
+LEVELS_APART_OPERATIONS = 48
+
+
+def operations(mod: Any) -> int:
+    """How many operations the model's ``main`` computes (its bindings)."""
+    return sum(len(block.bindings) for block in mod["main"].body.blocks)
 
 
 def import_model(tflite_path: Path, target: dict[str, object] | str, report: Callable[[str], None]) -> Any:
@@ -307,8 +322,9 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     by ``build_apart`` in a process of its own while this one builds the first.
 
     Returns the first level's CPU flags (``cpu_flags``), the higher levels'
-    names (``levels``), the seconds spent exporting (``export_s``) and those the
-    other processes spent compiling (``compile_s``), summed over the levels."""
+    names (``levels``), how many processes of their own built them
+    (``level_processes``), the seconds spent exporting (``export_s``) and those
+    the other processes spent compiling (``compile_s``), summed over the levels."""
     levels = [{"kind": "llvm", "mcpu": level} for level in X86_LEVELS] if target == PORTABLE else [target]
     figures: dict[str, Any] = {"levels": [target_name(level) for level in levels[1:]], "export_s": 0.0,
                                "compile_s": 0.0}
@@ -329,6 +345,7 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
             for process in started:
                 for name, seconds in process.result().items():
                     figures[name] += seconds
+            figures["level_processes"] = len(started)
         exporting = time.perf_counter()
         addons = []
         if higher:
@@ -363,12 +380,12 @@ class LevelProcessError(Exception):
 
 def start_level_server() -> Any:
     """Starts multiprocessing's fork server, from which each ``LevelProcess``
-    comes, if it is not running, and returns its context. A process's start
-    waits for the server to have imported ``COMPILER_MODULES`` (seconds): a
-    worker starts it before its first request (``serve``)."""
+    comes, if it is not running, and returns its context. The server imports
+    ``COMPILER_MODULES`` and, run as the worker, this file and its siblings,
+    before it starts the first process (about a second, once a worker)."""
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload(list(COMPILER_MODULES))
+    forkserver.set_forkserver_preload([*COMPILER_MODULES, *(["__main__"] if __name__ == "__main__" else [])])
     forkserver.ensure_running()
     return multiprocessing.get_context("forkserver")
 
@@ -937,9 +954,6 @@ def serve() -> int:
     # Before the first request: tf_op starts the worker ahead of it, to import
     # TVM while it converts the model (worker.start_ahead). A module that is
     # missing fails the first compile instead, which names it.
-    with contextlib.suppress(ValueError):  # a bad TVMDSOOP_COMPILE_PROCESSES: the compile says so
-        if level_processes() >= 2:
-            start_level_server()  # first: it imports TVM in its process while this one does
     with contextlib.suppress(ImportError):
         for module in COMPILER_MODULES:
             importlib.import_module(module)

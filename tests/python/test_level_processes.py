@@ -21,11 +21,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import TVM_PYTHON
 from helpers import process_gone, wait_for
 
-from tf_op.compiler import worker
+import tf_op
+from tf_op.compiler import tflite_conversion, worker
 
 _SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, time
@@ -183,3 +187,24 @@ def test_a_killed_compile_leaves_no_level_building(tmp_path: Path) -> None:
         for pid in [*_level_pids(tmp_path).values(), *_fork_servers(tmp_path)]:
             if not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("layers", "processes"), [(1, 0), (16, 2)], ids=["small", "many operations"])
+def test_only_a_model_of_many_operations_has_its_levels_built_apart(tmp_path: Path, layers: int,
+                                                                    processes: int) -> None:
+    """A model's compile (compile_model.py, as the worker runs it) builds its
+    levels in processes of their own only from ``LEVELS_APART_OPERATIONS``
+    operations: a small model's levels cost less than the processes' start.
+    Either way the library computes the model."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), *[keras.layers.Dense(8, activation="tanh") for _ in range(layers)]])
+    concrete = tf.function(lambda x: model(x, training=False)).get_concrete_function(tf.TensorSpec([2, 8]))
+    flatbuffer, library = tmp_path / "model.tflite", tmp_path / "model.so"
+    flatbuffer.write_bytes(tflite_conversion.to_tflite(concrete, "dense"))
+    run = subprocess.run([TVM_PYTHON, str(worker.script()), str(flatbuffer), str(library), '"portable"'],
+                         capture_output=True, text=True, env={**os.environ, "TVMDSOOP_COMPILE_PROCESSES": "3"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["level_processes"] == processes
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    (y,) = tf_op.Module(str(library)).func("main", output_shapes=[[2, 8]], output_dtypes=["float32"])(x)
+    np.testing.assert_allclose(y.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
