@@ -318,8 +318,9 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     carrying the others (``levels_source``), each recording the CPU features it
     uses. With ``build_apart`` (a function that pickles: it builds a level and
     exports it to the path it is given, and returns its figures) and two
-    processes or more (``level_processes``), each level above the first is built
-    by ``build_apart`` in a process of its own while this one builds the first.
+    processes or more (``level_processes``: this one and N - 1 others), the
+    highest levels are built by ``build_apart`` each in a process of its own
+    while this one builds the rest, the first last.
 
     Returns the first level's CPU flags (``cpu_flags``), the higher levels'
     names (``levels``), how many processes of their own built them
@@ -331,16 +332,15 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     with tempfile.TemporaryDirectory() as tmp:
         # Each level above the first: its library, embedded in the first's.
         higher = {target_name(level): Path(tmp, f"{target_name(level)}.so") for level in levels[1:]}
-        apart = len(levels) > 1 and level_processes() >= 2
+        apart = min(level_processes() - 1, len(levels) - 1) if build_apart is not None else 0
         with contextlib.ExitStack() as processes:
-            started = [processes.enter_context(LevelProcess(build_apart, level, higher[target_name(level)]))
-                       for level in levels[1:]] if apart and build_apart is not None else []
-            if not started:
-                for level in reversed(levels[1:]):
-                    built, tvm_target = build_level(level)
-                    exporting = time.perf_counter()
-                    export_recorded(built, tvm_target, higher[target_name(level)], Path(tmp))
-                    figures["export_s"] += time.perf_counter() - exporting
+            started = [processes.enter_context(LevelProcess(build_apart, level, higher[target_name(level)], tmp))
+                       for level in levels[len(levels) - apart:]]
+            for level in reversed(levels[1:len(levels) - apart]):
+                built, tvm_target = build_level(level)
+                exporting = time.perf_counter()
+                export_recorded(built, tvm_target, higher[target_name(level)], Path(tmp))
+                figures["export_s"] += time.perf_counter() - exporting
             built, tvm_target = build_level(levels[0])
             for process in started:
                 for name, seconds in process.result().items():
@@ -357,18 +357,21 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     return figures
 
 
-#: Set to 1, a portable compile builds its levels one after another in one
-#: process: each process of a parallel build holds the model (ResNet50's compile
-#: peaks at 2.8 GB so, 1.2 GB one level at a time).
+#: How many processes a portable compile builds its levels in at once (its
+#: own included); 1: one after another, in its own. Each holds the model
+#: (ResNet50's compile peaks at 2.8 GB with three, 1.2 GB with one).
 LEVEL_PROCESSES_ENV = "TVMDSOOP_COMPILE_PROCESSES"
 
 
 def level_processes() -> int:
     """How many processes may build a portable library's levels at once:
-    ``LEVEL_PROCESSES_ENV``, else the CPUs this process may run on."""
+    ``LEVEL_PROCESSES_ENV``, else one a level where this process may run on
+    two CPUs or more (on 2 CPUs three processes beat two: ResNet50 15 and 18 s
+    against 16 and 23, alternating; the processes wait on their exports'
+    writes too), else one."""
     value = os.environ.get(LEVEL_PROCESSES_ENV, "")
     if not value:
-        return len(os.sched_getaffinity(0))
+        return len(X86_LEVELS) if len(os.sched_getaffinity(0)) >= 2 else 1
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{LEVEL_PROCESSES_ENV}={value!r}: expected a whole number of processes, 1 or more")
     return int(value)
@@ -381,12 +384,21 @@ class LevelProcessError(Exception):
 def start_level_server() -> Any:
     """Starts multiprocessing's fork server, from which each ``LevelProcess``
     comes, if it is not running, and returns its context. The server imports
-    ``COMPILER_MODULES`` and, run as the worker, this file and its siblings,
-    before it starts the first process (about a second, once a worker)."""
+    ``COMPILER_MODULES`` and this file's modules by their own names (as the
+    worker, run by path, imports them) before it starts the first process
+    (about a second, once a worker). It is started in this file's folder:
+    Python runs it with ``-c``, which puts its working folder first on its
+    path, and a ``tvm.py`` or ``tflite.py`` in the user's must not be what it
+    imports. Each process then runs in this one's folder and path."""
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload([*COMPILER_MODULES, *(["__main__"] if __name__ == "__main__" else [])])
-    forkserver.ensure_running()
+    forkserver.set_forkserver_preload([*COMPILER_MODULES, Path(__file__).stem])
+    here = os.getcwd()
+    os.chdir(Path(__file__).resolve().parent)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.chdir(here)
     return multiprocessing.get_context("forkserver")
 
 
@@ -402,14 +414,15 @@ class LevelProcess:
     it ends (``_end_with``): killing a compile leaves nothing building."""
 
     def __init__(self, build: Callable[[dict[str, object], Path], dict[str, float]], level: dict[str, object],
-                 out_path: Path) -> None:
+                 out_path: Path, work_dir: str) -> None:
         self.name = target_name(level)
         self._done = False
         context = start_level_server()
         self._results, sender = context.Pipe(duplex=False)
         watch, self._alive = context.Pipe(duplex=False)  # this process's end: closed when it ends
         self._process = context.Process(target=_level_process_main, name=f"tvmdsoop level {self.name}",
-                                        args=(sender, watch, build, level, out_path, dict(os.environ)))
+                                        args=(sender, watch, build, level, out_path, dict(os.environ),
+                                              work_dir))
         try:
             self._process.start()
         finally:
@@ -423,11 +436,15 @@ class LevelProcess:
     def __exit__(self, *_: object) -> None:
         if self._done:
             self._process.join(timeout=10)  # it sent its result: it is ending
-        if self._process.exitcode is None:
-            self._process.kill()
+        # Its end of the watch pipe ends it, however its process is seen from
+        # here (with the fork server gone, multiprocessing takes it for ended);
+        # the kill takes what it runs with it (the linker, in an export).
+        self._alive.close()
+        if not self._done or self._process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
         self._process.join()
         self._results.close()
-        self._alive.close()
 
     def result(self) -> dict[str, float]:
         """Waits for the level: its figures, or a ``LevelProcessError`` that says
@@ -448,11 +465,17 @@ class LevelProcess:
 
 
 def _level_process_main(results: Any, watch: Any, build: Callable[[dict[str, object], Path], dict[str, float]],
-                        level: dict[str, object], out_path: Path, environment: dict[str, str]) -> None:
-    """A ``LevelProcess``: ``build(level, out_path)``, its figures or its error sent back."""
+                        level: dict[str, object], out_path: Path, environment: dict[str, str],
+                        work_dir: str) -> None:
+    """A ``LevelProcess``: ``build(level, out_path)``, its figures or its error
+    sent back. In a process group of its own, which the compile kills whole;
+    with its temporary files in the compile's ``work_dir`` (TVM's export makes
+    its own folder in $TMPDIR, which a killed process would leave)."""
+    os.setpgid(0, 0)
     _end_with(watch)
     os.environ.clear()
     os.environ.update(environment)
+    os.environ["TMPDIR"] = tempfile.tempdir = work_dir
     try:
         outcome: tuple[str, Any] = ("done", build(level, out_path))
     except Exception as err:  # noqa: BLE001  (each failure goes back to the compile the same way)

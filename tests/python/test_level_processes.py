@@ -84,8 +84,11 @@ def _start(tmp_path: Path, behaviour: str, processes: str = "3") -> subprocess.P
     script = tmp_path / "levels_check.py"
     script.write_text(_SCRIPT)
     environment = {**os.environ, "TVMDSOOP_COMPILE_PROCESSES": processes}
+    # Run from tmp_path, where a tflite.py waits for a fork server that would
+    # import from its working folder.
+    (tmp_path / "tflite.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     return subprocess.Popen([TVM_PYTHON, str(script), str(worker.package_dir().parent), behaviour, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
 
 
 def _run(tmp_path: Path, behaviour: str, processes: str = "3") -> dict[str, object]:
@@ -102,9 +105,14 @@ def _level_pids(tmp_path: Path) -> dict[str, int]:
     return {path.stem: int(path.read_text()) for path in tmp_path.glob("*.pid") if path.read_text()}
 
 
+def _parent(pid: int) -> int:
+    return int(Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _fork_servers(tmp_path: Path) -> list[int]:
     """multiprocessing's fork servers started by the script in ``tmp_path``
-    (its folder is on the path each is started with)."""
+    (its folder is on the path each is started with), and the processes they
+    forked, which keep their command line."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -130,14 +138,19 @@ def test_higher_levels_are_built_by_processes_of_their_own(tmp_path: Path) -> No
     symbols = subprocess.run(["nm", "--defined-only", str(tmp_path / "lib.so")], capture_output=True, text=True,
                              check=True).stdout.split()
     assert {"tvmdsoop_level_x86_64_v3", "tvmdsoop_level_x86_64_v4", "__tvm_ffi_add_one"} <= set(symbols), symbols
+    assert not (tmp_path / "imported").exists(), "the fork server imported tflite.py from the working folder"
 
 
-def test_one_process_builds_the_levels_one_after_another(tmp_path: Path) -> None:
-    """TVMDSOOP_COMPILE_PROCESSES=1 (a machine short of memory): every level
-    built in the compile's own process, the same library."""
-    figures = _run(tmp_path, "ok", processes="1")["figures"]
-    assert figures["levels"] == ["x86-64-v3", "x86-64-v4"] and figures["compile_s"] == 0.0
-    assert _level_pids(tmp_path) == {}
+@pytest.mark.parametrize(("processes", "apart"), [("1", []), ("2", ["x86-64-v4"])])
+def test_fewer_processes_build_the_other_levels_in_the_compile_s(tmp_path: Path, processes: str,
+                                                                 apart: list[str]) -> None:
+    """TVMDSOOP_COMPILE_PROCESSES (a machine short of memory) counts the
+    compile's own process: with 1 every level is built there, one after
+    another; with 2 the highest in a process of its own. The same library."""
+    figures = _run(tmp_path, "ok", processes=processes)["figures"]
+    assert figures["levels"] == ["x86-64-v3", "x86-64-v4"]
+    assert figures["level_processes"] == len(apart) and figures["compile_s"] == 1.5 * len(apart)
+    assert sorted(_level_pids(tmp_path)) == apart
     symbols = subprocess.run(["nm", "--defined-only", str(tmp_path / "lib.so")], capture_output=True, text=True,
                              check=True).stdout.split()
     assert {"tvmdsoop_level_x86_64_v3", "tvmdsoop_level_x86_64_v4", "__tvm_ffi_add_one"} <= set(symbols), symbols
@@ -168,6 +181,28 @@ def test_a_failed_baseline_leaves_no_level_building(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     pids = _level_pids(tmp_path)
     assert len(pids) == 2 and all(process_gone(pid) for pid in pids.values()), pids
+
+
+def test_a_dead_fork_server_leaves_no_level_building(tmp_path: Path) -> None:
+    """The fork server killed (by the OOM killer, say) mid-build: multiprocessing
+    then takes the levels' processes for ended, but the compile fails and
+    ends them all the same."""
+    process = _start(tmp_path, "sleep")
+    try:
+        assert wait_for(lambda: len(_level_pids(tmp_path)) == 2, 60), process.stderr
+        # The server only: the processes it forked run its command line too.
+        (server,) = {_parent(pid) for pid in _level_pids(tmp_path).values()}
+        os.kill(server, signal.SIGKILL)
+        out, err = process.communicate(timeout=60)
+        assert "building for x86-64-v3: its process ended" in json.loads(out.strip().splitlines()[-1])["error"], err
+        pids = _level_pids(tmp_path)
+        assert wait_for(lambda: all(process_gone(pid) for pid in pids.values()), 20), pids
+    finally:
+        process.kill()
+        process.communicate()
+        for pid in _level_pids(tmp_path).values():
+            if not process_gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_killed_compile_leaves_no_level_building(tmp_path: Path) -> None:

@@ -127,9 +127,9 @@ def compile_into(tflite: Callable[[], bytes], target: Target, trials: int, pytho
                  progress: Progress) -> str:
     """Runs the TVM worker on the flatbuffer ``tflite()`` makes, into a temporary
     file beside ``lib_path``, and renames it into place, so a failed or
-    interrupted compile leaves nothing under the key; the library's sha256. The
-    worker is started first (``start_ahead``): it imports TVM while this
-    process converts the model."""
+    interrupted compile leaves nothing under the key; the library's sha256. An
+    untuned compile's worker is started first (``start_ahead``): it imports TVM
+    while this process converts the model."""
     if not trials:
         start_ahead(python)
     tflite_bytes = tflite()
