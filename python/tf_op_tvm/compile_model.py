@@ -53,7 +53,7 @@ own flags record). dsoop loads the highest level the CPU has (dsoop/levels.go),
 so one file is safe on any x86-64 CPU and uses AVX2 or AVX-512 where there is one.
 On a machine with two CPUs or more, a model of ``LEVELS_APART_OPERATIONS`` or
 more has its higher levels built at the same time as the baseline, each by a
-process of its own (``LevelProcess``): three levels cost about one and a half
+process of its own (``level_processes``): three levels cost about one and a half
 levels' time instead of three (ResNet50 19.5 -> 12.3 s on 2 CPUs).
 """
 
@@ -67,29 +67,26 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 import tempfile
-import threading
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, math_lowering, split_slices, stacked_products,
-                           weight_layouts)
+    from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, level_processes, math_lowering, split_slices,
+                           stacked_products, weight_layouts)
     from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
     import cpu_schedule
     import expansion_fusion
+    import level_processes
     import math_lowering
     import split_slices
     import stacked_products
@@ -295,7 +292,7 @@ def import_model(tflite_path: Path, target: dict[str, object] | str, report: Cal
 
 def build_level_library(tflite_path: Path, level: dict[str, object], out_path: Path) -> dict[str, float]:
     """A portable compile's higher ``level``, in a process of its own
-    (``LevelProcess``): the model imported again from its TFLite file, built for
+    (``level_processes.LevelProcess``): the model imported again from its TFLite file, built for
     ``level`` and exported to ``out_path``. Returns the seconds compiling and
     exporting."""
     executable, tvm_target, figures = build(import_model(tflite_path, level, lambda _: None), level, 0)
@@ -318,9 +315,9 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     carrying the others (``levels_source``), each recording the CPU features it
     uses. With ``build_apart`` (a function that pickles: it builds a level and
     exports it to the path it is given, and returns its figures) and two
-    processes or more (``level_processes``: this one and N - 1 others), the
-    highest levels are built by ``build_apart`` each in a process of its own
-    while this one builds the rest, the first last.
+    processes or more (``level_processes.level_processes``: this one and N - 1
+    others), the highest levels are built by ``build_apart`` each in a process
+    of its own while this one builds the rest, the first last.
 
     Returns the first level's CPU flags (``cpu_flags``), the higher levels'
     names (``levels``), how many processes of their own built them
@@ -332,10 +329,13 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
     with tempfile.TemporaryDirectory() as tmp:
         # Each level above the first: its library, embedded in the first's.
         higher = {target_name(level): Path(tmp, f"{target_name(level)}.so") for level in levels[1:]}
-        apart = min(level_processes() - 1, len(levels) - 1) if build_apart is not None else 0
+        apart = min(level_processes.level_processes(len(levels)) - 1, len(levels) - 1) if build_apart else 0
         with contextlib.ExitStack() as processes:
-            started = [processes.enter_context(LevelProcess(build_apart, level, higher[target_name(level)], tmp))
-                       for level in levels[len(levels) - apart:]]
+            # The server preloads this file's modules by their own names, as the worker, run by path, has them.
+            server = level_processes.start_level_server([*COMPILER_MODULES, Path(__file__).stem]) if apart else None
+            started = [processes.enter_context(level_processes.LevelProcess(
+                server, build_apart, level, target_name(level), higher[target_name(level)], tmp))
+                for level in levels[len(levels) - apart:]]
             for level in reversed(levels[1:len(levels) - apart]):
                 built, tvm_target = build_level(level)
                 exporting = time.perf_counter()
@@ -355,149 +355,6 @@ def export_levels(build_level: Callable[[Any], tuple[Any, Any]], out_path: Path,
         figures["cpu_flags"] = export_recorded(built, tvm_target, out_path, Path(tmp), addons)
         figures["export_s"] += time.perf_counter() - exporting
     return figures
-
-
-#: How many processes a portable compile builds its levels in at once (its
-#: own included); 1: one after another, in its own. Each holds the model
-#: (ResNet50's compile peaks at 2.8 GB with three, 1.2 GB with one).
-LEVEL_PROCESSES_ENV = "TVMDSOOP_COMPILE_PROCESSES"
-
-
-def level_processes() -> int:
-    """How many processes may build a portable library's levels at once:
-    ``LEVEL_PROCESSES_ENV``, else one a level where this process may run on
-    two CPUs or more (on 2 CPUs three processes beat two: ResNet50 15 and 18 s
-    against 16 and 23, alternating; the processes wait on their exports'
-    writes too), else one."""
-    value = os.environ.get(LEVEL_PROCESSES_ENV, "")
-    if not value:
-        return len(X86_LEVELS) if len(os.sched_getaffinity(0)) >= 2 else 1
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{LEVEL_PROCESSES_ENV}={value!r}: expected a whole number of processes, 1 or more")
-    return int(value)
-
-
-class LevelProcessError(Exception):
-    """A level of a portable library failed in the process that built it."""
-
-
-def start_level_server() -> Any:
-    """Starts multiprocessing's fork server, from which each ``LevelProcess``
-    comes, if it is not running, and returns its context. The server imports
-    ``COMPILER_MODULES`` and this file's modules by their own names (as the
-    worker, run by path, imports them) before it starts the first process
-    (about a second, once a worker). It is started in this file's folder:
-    Python runs it with ``-c``, which puts its working folder first on its
-    path, and a ``tvm.py`` or ``tflite.py`` in the user's must not be what it
-    imports. Each process then runs in this one's folder and path."""
-    from multiprocessing import forkserver
-
-    forkserver.set_forkserver_preload([*COMPILER_MODULES, Path(__file__).stem])
-    here = os.getcwd()
-    os.chdir(Path(__file__).resolve().parent)
-    try:
-        forkserver.ensure_running()
-    finally:
-        os.chdir(here)
-    return multiprocessing.get_context("forkserver")
-
-
-class LevelProcess:
-    """One level of a portable library built by a process of its own: started
-    on entry, stopped on exit if it has not ended (the compile failed or was
-    interrupted: what it builds is not needed). Its processes come from
-    multiprocessing's fork server, a process of this one's that has imported
-    TVM and forks nothing else, so each starts at once and with TVM's state
-    clean (a fork of this process would copy the state of TVM's thread pool
-    without its threads). Each runs in this process's environment of the
-    moment (``ensure_linker``'s $CXX), and ends when this process does, however
-    it ends (``_end_with``): killing a compile leaves nothing building."""
-
-    def __init__(self, build: Callable[[dict[str, object], Path], dict[str, float]], level: dict[str, object],
-                 out_path: Path, work_dir: str) -> None:
-        self.name = target_name(level)
-        self._done = False
-        context = start_level_server()
-        self._results, sender = context.Pipe(duplex=False)
-        watch, self._alive = context.Pipe(duplex=False)  # this process's end: closed when it ends
-        self._process = context.Process(target=_level_process_main, name=f"tvmdsoop level {self.name}",
-                                        args=(sender, watch, build, level, out_path, dict(os.environ),
-                                              work_dir))
-        try:
-            self._process.start()
-        finally:
-            # The process's copies are the only ones: the end of the results is its end.
-            sender.close()
-            watch.close()
-
-    def __enter__(self) -> LevelProcess:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._done:
-            self._process.join(timeout=10)  # it sent its result: it is ending
-        # Its end of the watch pipe ends it, however its process is seen from
-        # here (with the fork server gone, multiprocessing takes it for ended);
-        # the kill takes what it runs with it (the linker, in an export).
-        self._alive.close()
-        if not self._done or self._process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGKILL)
-        self._process.join()
-        self._results.close()
-
-    def result(self) -> dict[str, float]:
-        """Waits for the level: its figures, or a ``LevelProcessError`` that says
-        why it failed, or how its process ended without a result."""
-        wait([self._results, self._process.sentinel])
-        try:
-            if not self._results.poll():
-                raise EOFError  # it ended, and sent nothing
-            outcome, value = self._results.recv()
-        except EOFError:
-            self._process.join()
-            raise LevelProcessError(f"building for {self.name}: its process ended with exit code "
-                                    f"{self._process.exitcode} before it was done") from None
-        self._done = True
-        if outcome != "done":
-            raise LevelProcessError(f"building for {self.name}: {value}")
-        return dict(value)
-
-
-def _level_process_main(results: Any, watch: Any, build: Callable[[dict[str, object], Path], dict[str, float]],
-                        level: dict[str, object], out_path: Path, environment: dict[str, str],
-                        work_dir: str) -> None:
-    """A ``LevelProcess``: ``build(level, out_path)``, its figures or its error
-    sent back. In a process group of its own, which the compile kills whole;
-    with its temporary files in the compile's ``work_dir`` (TVM's export makes
-    its own folder in $TMPDIR, which a killed process would leave)."""
-    os.setpgid(0, 0)
-    _end_with(watch)
-    os.environ.clear()
-    os.environ.update(environment)
-    os.environ["TMPDIR"] = tempfile.tempdir = work_dir
-    try:
-        outcome: tuple[str, Any] = ("done", build(level, out_path))
-    except Exception as err:  # noqa: BLE001  (each failure goes back to the compile the same way)
-        traceback.print_exc()
-        outcome = ("failed", f"{type(err).__name__}: {err}")
-    sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)  # what C code wrote, before the compile's done line
-    results.send(outcome)
-
-
-def _end_with(watch: Any) -> None:
-    """Ends this process when the compile's end of ``watch`` closes: when the
-    compile ends, killed or not. Not with the process that forked it (Linux's
-    parent-death signal): that is multiprocessing's fork server, which waits
-    for the processes it started before it ends."""
-
-    def wait_for_the_end() -> None:
-        with contextlib.suppress(EOFError, OSError):
-            watch.recv_bytes()  # nothing is sent: it returns at the end
-        os._exit(70)
-
-    threading.Thread(target=wait_for_the_end, name="tvmdsoop compile watch", daemon=True).start()
 
 
 def build(mod: Any, target: dict[str, object] | str, trials: int,
