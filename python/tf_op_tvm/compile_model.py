@@ -832,8 +832,8 @@ def serve() -> int:
     # group, must not end it between compiles.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before the first request: tf_op starts the worker ahead of it, to import
-    # TVM while it converts the model (worker.start_ahead). A module that is
-    # missing fails the first compile instead, which names it.
+    # TVM while it converts the model (worker._Server.start_ahead). A module
+    # that is missing fails the first compile instead, which names it.
     with contextlib.suppress(ImportError):
         for module in COMPILER_MODULES:
             importlib.import_module(module)

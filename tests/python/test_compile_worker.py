@@ -154,7 +154,7 @@ def test_a_worker_killed_in_a_compile_is_that_compile_s_error_only(tmp_path: Pat
     thread = threading.Thread(target=compile_in_thread)
     thread.start()
     # Taken for the compile: no longer kept idle (it is started before the
-    # conversion, and kept until the compile takes it: worker.start_ahead).
+    # conversion, and kept until the compile takes it: worker._Server.start_ahead).
     assert wait_for(lambda: bool(_serving_children()) and not _kept_pids(), 60), "no worker compiling"
     (busy,) = _serving_children()
     os.kill(busy, signal.SIGKILL)

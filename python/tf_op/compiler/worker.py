@@ -17,7 +17,7 @@ environment variables or another working folder: each compile sees what a
 process started for it would. A tuning compile has a worker of its own, closed
 after it (tuning sets TVM's thread variables in its process). The first
 compile's worker is started before the model is converted to TFLite
-(``start_ahead``), and imports TVM meanwhile.
+(``_Server.start_ahead``), and imports TVM meanwhile.
 """
 
 from __future__ import annotations
@@ -128,10 +128,10 @@ def compile_into(tflite: Callable[[], bytes], target: Target, trials: int, pytho
     """Runs the TVM worker on the flatbuffer ``tflite()`` makes, into a temporary
     file beside ``lib_path``, and renames it into place, so a failed or
     interrupted compile leaves nothing under the key; the library's sha256. An
-    untuned compile's worker is started first (``start_ahead``): it imports TVM
-    while this process converts the model."""
+    untuned compile's worker is started first (``_Server.start_ahead``): it
+    imports TVM while this process converts the model."""
     if not trials:
-        start_ahead(python)
+        _Server.start_ahead(python)
     tflite_bytes = tflite()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".tmp-", dir=lib_path.parent) as tmp:
@@ -199,22 +199,6 @@ def _run(python: str, arguments: list[str], progress: Progress, kept: bool) -> t
     return returncode, output
 
 
-def start_ahead(python: str) -> None:
-    """Starts the kept worker of a compile about to be asked for, unless one is
-    idle for this process's state already: it imports TVM and its TFLite
-    reader (seconds; ``compile_model.serve``) while this process converts the
-    model to TFLite (seconds too), and the compile takes it (``_run``). Kept
-    as any idle worker is: one that no compile takes goes after
-    ``IDLE_SECONDS``."""
-    key = _Server.key(python)
-    if key is None:
-        return
-    with _Server._lock:
-        if _Server._idle.get(key):
-            return
-    _Server.put_back(_Server(python, key))
-
-
 class _Server:
     """A running ``compile_model.py --serve``, and the kept ones, idle, by key.
 
@@ -231,6 +215,22 @@ class _Server:
         self.process = subprocess.Popen([python, str(script()), "--serve"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         errors="replace")
+
+    @classmethod
+    def start_ahead(cls, python: str) -> None:
+        """Starts the kept worker of a compile about to be asked for, unless one
+        is idle for this process's state already: it imports TVM and its TFLite
+        reader (seconds; ``compile_model.serve``) while this process converts
+        the model to TFLite (seconds too), and the compile takes it (``take``).
+        Kept as any idle worker is: one that no compile takes goes after
+        ``IDLE_SECONDS``."""
+        key = cls.key(python)
+        if key is None:
+            return
+        with cls._lock:
+            if cls._idle.get(key):
+                return
+        cls.put_back(cls(python, key))
 
     @staticmethod
     def key(python: str) -> tuple[object, ...] | None:
