@@ -80,7 +80,7 @@ from typing import Any
 
 if __package__:
     from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, level_processes, math_lowering, split_slices,
-                           stacked_products, weight_layouts)
+                           stacked_products, weight_layouts, winograd)
     from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
@@ -91,6 +91,7 @@ else:  # run by path (never through the package: another tf_op_tvm may come firs
     import split_slices
     import stacked_products
     import weight_layouts
+    import winograd
     from cpu_schedule.fallback import schedule_blocks
 
 #: LLVM's names of the x86 instruction set extensions a library's code may use,
@@ -482,7 +483,10 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
         # Each kernel knows which of its inputs are the model's weights (as in
         # cpu_pipeline), so that MetaSchedule's candidates may repack them at
         # compile time as the default schedules do, and are timed without it.
-        mod = tvm.transform.Sequential([relax.transform.DecomposeOpsForInference(),
+        # Winograd's convolutions first, as in cpu_pipeline: their transforms and
+        # products are the kernels tuned (after legalization it finds no conv2d).
+        mod = tvm.transform.Sequential([winograd.winograd_convolutions(progress),
+                                        relax.transform.DecomposeOpsForInference(),
                                         relax.transform.CanonicalizeBindings(),
                                         relax.get_pipeline("zero"),
                                         relax.transform.AttachAttrLayoutFreeBuffers()])(mod)
@@ -670,6 +674,8 @@ def cpu_pipeline(target: Any) -> Any:
     weight) leaves its function and runs once, at compile time (FoldConstant).
     And before FuseTIR makes the loop nests, an expansion convolution and the
     stride-2 depthwise one after it become one function (``expansion_fusion``).
+    First of all, 3x3 convolutions of stride 1 become Winograd's transforms
+    and matrix products (``winograd``), which ``cpu_schedule`` schedules too.
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -714,7 +720,8 @@ def cpu_pipeline(target: Any) -> Any:
     def pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
-                *cpu.library_dispatch_passes(target), *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
+                winograd.winograd_convolutions(progress), *cpu.library_dispatch_passes(target),
+                *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
                     target, cpu_schedule.expansion.ExpansionDepthwise.for_target(target), progress),
                 *legalize[fuse_tir:],
                 relax.transform.AttachAttrLayoutFreeBuffers(),

@@ -4,7 +4,8 @@ process (a server restart) loads instead of compiling.
 A key hashes the traced function's fingerprint (tflite_conversion.py: its graph,
 captured values, TF's version; known before the function is converted, so a hit
 does not convert) with what else decides the library: the resolved target, the
-tuning budget, the TVM version, the worker's source and this module's
+tuning budget, the TVM version, the worker's source, the settings it reads
+from the environment (``_COMPILE_SETTINGS``) and this module's
 ``FORMAT_VERSION``. Each library ``KEY.so`` has beside it the sha256 it
 had when made (``KEY.so.sha256``): an entry whose library no longer matches is
 compiled again. The folder also keeps the resolved host target (targets.py).
@@ -41,6 +42,10 @@ FORMAT_VERSION = 7  # 7: tf_op.compile unrolls loops of few steps (unroll.unroll
 #: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).
 _TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
 
+#: What the worker reads from the environment that changes the library it makes
+#: (tf_op_tvm/winograd.py: ``0`` keeps 3x3 convolutions direct).
+_COMPILE_SETTINGS = ("TVMDSOOP_WINOGRAD",)
+
 
 def folder(cache_dir: str | os.PathLike[str] | None) -> Path:
     """The cache folder: ``cache_dir``, else ``$TVMDSOOP_CACHE_DIR``, else ``~/.cache/tvmdsoop``."""
@@ -57,8 +62,10 @@ def key(fingerprint: str, target: Target, trials: int, tvm_version: str) -> str:
     threads: dict[str, str] = {}
     if trials:
         threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
+    settings = {name: os.environ[name] for name in _COMPILE_SETTINGS if name in os.environ}
     header = json.dumps({"format": FORMAT_VERSION, "model": fingerprint, "target": target, "trials": trials,
-                         "tvm": tvm_version, "tvm_threads": threads, "worker": worker.digest()}, sort_keys=True)
+                         "tvm": tvm_version, "tvm_threads": threads, "settings": settings, "worker": worker.digest()},
+                        sort_keys=True)
     return hashlib.sha256(header.encode()).hexdigest()
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from tvm import s_tir
 
-from . import conv, elementwise, expansion, fallback, matmul, pool, reduction
+from . import conv, elementwise, expansion, fallback, matmul, pool, reduction, winograd
 
 
 def rules(target: Any) -> list[Any]:
     """The rules for an llvm ``target``, most specific first."""
-    return [expansion.ExpansionDepthwise.for_target(target), *conv.rules(target), *pool.rules(target),
+    return [*winograd.rules(target), expansion.ExpansionDepthwise.for_target(target), *conv.rules(target), *pool.rules(target),
             *matmul.rules(target), *reduction.rules(target), *elementwise.rules(target)]
 
 

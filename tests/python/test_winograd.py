@@ -1,0 +1,199 @@
+"""tf_op_tvm.winograd: 3x3 convolutions of stride 1 computed as Winograd's
+F(m x m, 3 x 3) in untuned CPU libraries: which layers are converted and with
+which m, the transforms scheduled by cpu_schedule.winograd, the values
+numpy's within the issue's budget, ``TVMDSOOP_WINOGRAD=0``, and a Keras model
+through tf_op.compile.
+
+The checks that need TVM's compiler run on the TVM Python (TVM_PYTHON), in a
+child process, as the worker does: TVM and TensorFlow each bring an LLVM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TVM_PYTHON
+from test_cpu_schedule_conv import _LEVELS
+
+from tf_op import CompileError, compile
+from tf_op.compiler import cache, worker
+
+#: Layers as (N, H, W, IC, OC, padding, weight, epilogue) and the m each is
+#: converted with (None: kept direct): tiles of 4 that fill the output, tiles
+#: of 2 where 4 leave too few tiles (a batch of 2 small images; "valid"
+#: padding), tiles cut at both edges (18 x 15 by 4), too few tiles for either,
+#: too few input channels, a weight that is an input rather than a constant.
+CASES = [
+    ((1, 16, 16, 32, 64, 1, "constant", "bias_relu"), 4),
+    ((2, 7, 9, 32, 32, 1, "constant", "bias_residual"), 2),
+    ((1, 18, 15, 48, 32, 1, "constant", "bias_relu"), 4),
+    ((1, 14, 14, 32, 64, 0, "constant", "none"), 2),
+    ((1, 6, 6, 32, 32, 1, "constant", "bias_relu"), None),
+    ((1, 16, 16, 16, 64, 1, "constant", "none"), None),
+    ((1, 16, 16, 32, 64, 1, "input", "none"), None),
+]
+
+#: Run on the TVM Python: each case through compile_model's CPU pipeline, its
+#: output against numpy's float64 convolution (relative to the output's largest
+#: value), what the Winograd pass reported, and whether cpu_schedule took each
+#: of its kernels.
+_SCRIPT = """
+import json, sys
+import numpy as np, tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu
+from tvm.s_tir import dlight
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm import compile_model, cpu_schedule, winograd
+
+def model(n, h, w, ic, oc, pad, weight_kind, epilogue, rng):
+    x = rng.standard_normal((n, h, w, ic)).astype("float32")
+    wt = (rng.standard_normal((3, 3, ic, oc)) / np.sqrt(9 * ic)).astype("float32")
+    bias = rng.standard_normal(oc).astype("float32")
+    xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    oh, ow = xp.shape[1] - 2, xp.shape[2] - 2
+    ref = sum(xp[:, i:i + oh, j:j + ow, :] @ wt[i, j].astype(np.float64) for i in range(3) for j in range(3))
+    residual = rng.standard_normal(ref.shape).astype("float32")
+    bb = relax.BlockBuilder()
+    params = [relax.Var("x", relax.TensorType(x.shape, "float32"))]
+    values = [x]
+    if weight_kind == "input":
+        params.append(relax.Var("w", relax.TensorType(wt.shape, "float32")))
+        values.append(wt)
+    with bb.function("main", params):
+        with bb.dataflow():
+            weight = params[1] if weight_kind == "input" else relax.const(wt)
+            y = bb.emit(relax.op.nn.conv2d(params[0], weight, padding=[pad] * 4, data_layout="NHWC",
+                                           kernel_layout="HWIO"))
+            if epilogue.startswith("bias"):
+                y = bb.emit(relax.op.add(y, relax.const(bias)))
+                ref = ref + bias
+            if epilogue == "bias_relu":
+                y = bb.emit(relax.op.nn.relu(y))
+                ref = np.maximum(ref, 0.0)
+            if epilogue == "bias_residual":
+                y = bb.emit(relax.op.add(y, relax.const(residual)))
+                ref = ref + residual
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), values, ref
+
+target = tvm.target.Target(json.loads(sys.argv[2]))
+results = []
+for case in json.loads(sys.argv[3]):
+    mod, values, ref = model(*case, np.random.default_rng(0))
+    reported = []
+    converted = winograd.winograd_convolutions(reported.append)(mod)
+    with target:
+        legal = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target),
+                                          dlight.ApplyDefaultSchedule(*cpu_schedule.rules(target))])(converted)
+    # The Winograd rule's marks: a tile's transform a row at a time (another
+    # rule would have inlined those rows), each row a buffer on the stack,
+    # not one allocated with a call.
+    scheduled = {}
+    for g, f in legal.functions.items():
+        if isinstance(f, tvm.tirx.PrimFunc) and "winograd" in g.name_hint:
+            sch = tvm.s_tir.Schedule(f)
+            rows = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("_rows")]
+            code = tvm.compile(f.with_attr("global_symbol", g.name_hint), target=target).mod.inspect_source("ll")
+            scheduled[g.name_hint] = (bool(f.attrs.get("tirx.is_scheduled")) and len(rows) == 1
+                                      and "TVMBackendAllocWorkspace" not in code)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
+                              tvm.cpu())
+    y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
+    results.append({"reported": reported, "scheduled": scheduled,
+                    "error": float(np.abs(y - ref).max() / np.abs(ref).max())})
+print(json.dumps(results))
+"""
+
+
+def _run_cases(target: dict[str, str], cases: list[tuple], **environment: str) -> list[dict]:
+    result = subprocess.run([TVM_PYTHON, "-c", _SCRIPT, str(worker.package_dir().parent), json.dumps(target),
+                             json.dumps(cases)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("mcpu", _LEVELS)
+def test_3x3_convolutions_are_converted_where_they_gain_and_keep_their_values(mcpu: str) -> None:
+    """For each vector width (SSE, AVX2, AVX-512): each layer is converted
+    with the m its shape calls for, or kept; the transforms of a converted
+    one are scheduled by cpu_schedule.winograd (a row of a tile's transform
+    at a time, on the stack; the output transform with the epilogue fused); and every output is numpy's float64 convolution within
+    1e-4 of its largest value, the issue's budget for a whole model's logits
+    (a converted layer's rounding is about 1e-5)."""
+    cases = [case for case, _ in CASES]
+    for (case, m), got in zip(CASES, _run_cases({"kind": "llvm", "mcpu": mcpu}, cases), strict=True):
+        want = [] if m is None else [f"computed 1 3x3 convolutions as F({m}x{m}, 3x3)"]
+        assert got["reported"] == want, (case, got)
+        if m is not None:
+            assert len(got["scheduled"]) == 2 and all(got["scheduled"].values()), (case, got)
+            epilogue = case[-1]
+            output = next(name for name in got["scheduled"] if "output" in name)
+            assert ("add" in output) == (epilogue != "none"), (case, output)
+        assert got["error"] < 1e-4, (case, got)
+
+
+def test_winograd_off_keeps_every_convolution_direct() -> None:
+    """``TVMDSOOP_WINOGRAD=0``: no layer converted, and each output is the
+    direct convolution's, within float32 rounding of a sum of 9 x 48 terms."""
+    cases = [case for case, m in CASES if m is not None]
+    for case, got in zip(cases, _run_cases({"kind": "llvm", "mcpu": "x86-64"}, cases, TVMDSOOP_WINOGRAD="0"),
+                         strict=True):
+        assert got["reported"] == [] and got["scheduled"] == {}, (case, got)
+        assert got["error"] < 2e-6, (case, got)
+
+
+def test_the_setting_is_part_of_the_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library compiled with ``TVMDSOOP_WINOGRAD=0`` is another cache entry
+    than the default's: the setting changes the code."""
+    monkeypatch.delenv("TVMDSOOP_WINOGRAD", raising=False)
+    default = cache.key("model", "portable", 0, "0.27")
+    monkeypatch.setenv("TVMDSOOP_WINOGRAD", "0")
+    assert cache.key("model", "portable", 0, "0.27") != default
+
+
+def _residual_block() -> keras.Model:
+    """A ResNet basic block on 16 x 16 x 32: two 3x3 convolutions of 64
+    channels (one with relu, one with the residual add), a classifier."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((16, 16, 32))
+    h = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    h = keras.layers.Conv2D(64, 3, padding="same")(h)
+    h = keras.layers.ReLU()(h + keras.layers.Conv2D(64, 1)(x))
+    return keras.Model(x, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+def test_compiled_residual_block_matches_keras(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """tf_op.compile of a Keras residual block, default target: its two 3x3
+    convolutions compiled as F(4x4, 3x3) (the worker says so), its logits
+    Keras's within 1e-4 of the largest, eagerly and in a tf.function."""
+    model = _residual_block()
+    x = np.random.default_rng(0).standard_normal((2, 16, 16, 32)).astype(np.float32)
+    with caplog.at_level(logging.INFO, logger="tf_op.compiler"):
+        compiled = compile(model, cache_dir=tmp_path)
+        eager = compiled(tf.constant(x)).numpy()
+    assert any("2 3x3 convolutions as F(4x4, 3x3)" in r.getMessage() for r in caplog.records), caplog.text
+    want = model(x, training=False).numpy()
+    graph = tf.function(lambda t: compiled(t))(tf.constant(x)).numpy()
+    for got in (eager, graph):
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_a_setting_that_is_not_0_or_1_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TVMDSOOP_WINOGRAD=no`` is not read as on or off: the compile fails,
+    naming the variable and what it takes."""
+    monkeypatch.setenv("TVMDSOOP_WINOGRAD", "no")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    with pytest.raises(CompileError, match=r"TVMDSOOP_WINOGRAD='no': expected 1 .* or 0"):
+        compile(model, cache_dir=tmp_path)(tf.zeros((1, 8)))
