@@ -15,9 +15,11 @@ summed over input channels, are (m + 2)^2 matrix products, which the matmul
 schedule runs near the peak; the output transform (``A^T M A``) takes the
 convolution's epilogue (bias, activation, residual add). Each ResNet50 layer
 alone, AVX-512, TVM's VM, the direct schedule against F(4 x 4): 56x56x64
-1047 -> 381 µs, 28x28x128 1070 -> 367, 14x14x256 1036 -> 396; 7x7x512 1029
--> 891 with F(2 x 2) (F(4 x 4) there: 2046, its 36 weight matrices read for 4
-tiles).
+1047 -> 367 µs, 28x28x128 1043 -> 339, 14x14x256 1035 -> 447 (F(2 x 2): 487).
+In the whole model, whose transformed weights come from memory rather than a
+warm cache, fewer layers gain (``MIN_TILES``): ResNet50 at batch 1 1.23-1.26
+times as fast with its 56x56 and 28x28 layers at m = 4, 14x14 at m = 2, 7x7
+direct.
 
 The price is rounding: the transforms' coefficients (up to 8 and 1/24 for
 m = 4) make each output a longer sum of larger terms. Each layer alone, the
@@ -45,11 +47,14 @@ else:  # run by path, as compile_model is
 WINOGRAD_ENV = "TVMDSOOP_WINOGRAD"
 
 #: Fewest tiles (over the batch) a layer's matrix products must have rows
-#: for: with fewer, each of the (m + 2)^2 weight matrices, larger than the
-#: convolution's own weights, is read for too few rows (ResNet50's 7x7x512
-#: layer at m = 4: 4 tiles, twice the direct convolution's time; at m = 2, 16
-#: tiles: 1.15 times as fast).
-MIN_TILES = 16
+#: for. Each of the (m + 2)^2 transformed weight matrices is read once a call,
+#: from memory in a whole model (ResNet50's: 117 MB with every 3x3 layer
+#: converted, 45 MB direct), for as many rows as tiles: with too few, the
+#: reads cost what the products save. ResNet50 at batch 1, in one process,
+#: turn about, direct / converted: 16 (its 7x7 layers at m = 2, 14x14 at 4)
+#: 1.09-1.20; 32 (7x7 direct, 14x14 at 2, 28x28 and 56x56 at 4) 1.23-1.26;
+#: 50 (28x28 at 2 too) 1.13.
+MIN_TILES = 32
 
 #: Fewest input and output channels: the products sum over the input channels
 #: and are as wide as the output's; a layer of 3 input channels (an image)
