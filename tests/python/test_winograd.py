@@ -197,3 +197,21 @@ def test_a_setting_that_is_not_0_or_1_is_refused(tmp_path: Path, monkeypatch: py
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     with pytest.raises(CompileError, match=r"TVMDSOOP_WINOGRAD='no': expected 1 .* or 0"):
         compile(model, cache_dir=tmp_path)(tf.zeros((1, 8)))
+
+
+def test_tuning_searches_the_products_and_keeps_the_transforms_default(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A tuned compile converts the convolutions before it extracts kernels:
+    MetaSchedule searches the 5 kernels that are not Winograd's transforms
+    (whose candidates, inlined whole and unrolled at random, took minutes each
+    to build) and every one of the 9 keeps the faster schedule; the logits are
+    Keras's."""
+    model = _residual_block()
+    x = np.random.default_rng(0).standard_normal((1, 24, 24, 32)).astype(np.float32)
+    with caplog.at_level(logging.INFO, logger="tf_op.compiler"):
+        tuned = compile(model, cache_dir=tmp_path, tune=8, batch_sizes=[1])
+    assert "2 3x3 convolutions as F(4x4, 3x3)" in caplog.text, caplog.text
+    assert "tuning 5 kernels, 8 trials in all" in caplog.text, caplog.text
+    assert "tuned 9 of 9 kernels" in caplog.text, caplog.text
+    want = model(x, training=False).numpy()
+    assert np.abs(tuned(tf.constant(x)).numpy() - want).max() / np.abs(want).max() < 1e-4

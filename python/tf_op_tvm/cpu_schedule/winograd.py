@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tvm import s_tir
+
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
 from .rule import Rule
 
@@ -30,6 +32,13 @@ MIN_LANES = 4
 
 def rules(target: Any) -> list[Any]:
     return [WinogradTransform()]
+
+
+def is_transform(func: Any) -> bool:
+    """Whether the PrimFunc ``func`` is a Winograd transform (with what FuseOps
+    put beside it)."""
+    sch = s_tir.Schedule(func)
+    return any(TRANSFORM_KEY in sch.get(block).annotations for block in sch.get_child_blocks(sch.get_sblock("root")))
 
 
 class WinogradTransform(Rule):
