@@ -143,7 +143,7 @@ def winograd_convolutions(report: Callable[[str], None]) -> Any:
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         if rewriter.converted:
-            report("computed " + ", ".join(f"{n} 3x3 convolutions as F({m}x{m}, 3x3)"
+            report("computed " + ", ".join(f"{n} 3x3 convolution{'s' * (n != 1)} as F({m}x{m}, 3x3)"
                                            for m, n in sorted(rewriter.converted.items(), reverse=True)))
         # Each converted call's variable is bound to the output transform's:
         # without that alias in between, FuseOps fuses the epilogue into it.

@@ -133,7 +133,7 @@ def test_3x3_convolutions_are_converted_where_they_gain_and_keep_their_values(mc
     (a converted layer's rounding is about 1e-5)."""
     cases = [case for case, _ in CASES]
     for (case, m), got in zip(CASES, _run_cases({"kind": "llvm", "mcpu": mcpu}, cases), strict=True):
-        want = [] if m is None else [f"computed 1 3x3 convolutions as F({m}x{m}, 3x3)"]
+        want = [] if m is None else [f"computed 1 3x3 convolution as F({m}x{m}, 3x3)"]
         assert got["reported"] == want, (case, got)
         if m is not None:
             assert len(got["scheduled"]) == 2 and all(got["scheduled"].values()), (case, got)
