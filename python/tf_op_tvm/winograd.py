@@ -61,9 +61,15 @@ MIN_TILES = 32
 #: has little to sum.
 MIN_CHANNELS = 32
 
+#: Least ratio of the direct convolution's multiplications to Winograd's
+#: (counting the tiles' parts past the output's edge) for a layer to be
+#: converted: a batch of outputs smaller than a tile would have enough tiles
+#: and no saving.
+MIN_SAVING = 1.5
+
 #: TVM's OpPatternKind values (relax/op_attr_types.h) that FuseOps reads
 #: from a function's ``op_pattern``.
-INJECTIVE, OPAQUE = 2, 8
+OUT_ELEMWISE_FUSABLE, OPAQUE = 4, 8
 
 #: ``B^T`` (input), ``G`` (weights) and ``A^T`` (output) for each m, from the
 #: interpolation points 0, 1, -1 (m = 2) and 0, 1, -1, 2, -2 (m = 4), and
@@ -91,10 +97,12 @@ def enabled() -> bool:
 
 def tile_size(batch: int, height: int, width: int) -> int | None:
     """The m of F(m x m, 3 x 3) for an output of ``batch`` x ``height`` x
-    ``width``: the larger of 4 and 2 that leaves ``MIN_TILES`` tiles, else None
-    (the direct convolution)."""
+    ``width``: the larger of 4 and 2 that leaves ``MIN_TILES`` tiles and
+    saves ``MIN_SAVING`` times the multiplications, else None (the direct
+    convolution)."""
     for m in (4, 2):
-        if batch * -(-height // m) * -(-width // m) >= MIN_TILES:
+        tiles = batch * -(-height // m) * -(-width // m)
+        if tiles >= MIN_TILES and (m + 2) ** 2 * tiles * MIN_SAVING <= 9 * batch * height * width:
             return m
     return None
 
@@ -142,9 +150,10 @@ def winograd_convolutions(report: Callable[[str], None]) -> Any:
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        if rewriter.converted:
-            report("computed " + ", ".join(f"{n} 3x3 convolution{'s' * (n != 1)} as F({m}x{m}, 3x3)"
-                                           for m, n in sorted(rewriter.converted.items(), reverse=True)))
+        if not rewriter.converted:
+            return mod
+        report("computed " + ", ".join(f"{n} 3x3 convolution{'s' * (n != 1)} as F({m}x{m}, 3x3)"
+                                       for m, n in sorted(rewriter.converted.items(), reverse=True)))
         # Each converted call's variable is bound to the output transform's:
         # without that alias in between, FuseOps fuses the epilogue into it.
         return relax.transform.CanonicalizeBindings()(rewriter.builder_.get())
@@ -190,12 +199,14 @@ def _emit(builder: Any, data: Any, weight: np.ndarray, pad: int, m: int) -> Any:
     tiles = (-(-out_h // m), -(-out_w // m))
     # FuseOps reads a function's pattern from its loop nests, and takes a
     # transform's two for an opaque function: the output transform is
-    # declared injective, so that the convolution's epilogue joins it.
+    # declared what a convolution is, so that its elementwise epilogue joins
+    # it (and no reshape or concatenation after it, which its schedule does
+    # not take).
     v = builder.emit_te(input_transform, data, m, pad, tiles, primfunc_name_hint="winograd_input",
                         primfunc_attrs={"op_pattern": OPAQUE})
     products = builder.emit(relax.op.matmul(v, relax.const(weight_transform(weight, m))))
     return builder.emit_te(output_transform, products, m, (n, out_h, out_w), tiles,
-                           primfunc_name_hint="winograd_output", primfunc_attrs={"op_pattern": INJECTIVE})
+                           primfunc_name_hint="winograd_output", primfunc_attrs={"op_pattern": OUT_ELEMWISE_FUSABLE})
 
 
 def _combination(coefficients: np.ndarray, terms: list[Any]) -> Any:

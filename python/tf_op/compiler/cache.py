@@ -42,9 +42,11 @@ FORMAT_VERSION = 7  # 7: tf_op.compile unrolls loops of few steps (unroll.unroll
 #: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).
 _TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
 
-#: What the worker reads from the environment that changes the library it makes
-#: (tf_op_tvm/winograd.py: ``0`` keeps 3x3 convolutions direct).
-_COMPILE_SETTINGS = ("TVMDSOOP_WINOGRAD",)
+#: What the worker reads from the environment that changes the library it
+#: makes, and each one's default (tf_op_tvm/winograd.py: ``0`` keeps 3x3
+#: convolutions direct). A setting at its default is not in the key: unset and
+#: set to the default make the same library.
+_COMPILE_SETTINGS = {"TVMDSOOP_WINOGRAD": "1"}
 
 
 def folder(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -62,7 +64,8 @@ def key(fingerprint: str, target: Target, trials: int, tvm_version: str) -> str:
     threads: dict[str, str] = {}
     if trials:
         threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
-    settings = {name: os.environ[name] for name in _COMPILE_SETTINGS if name in os.environ}
+    settings = {name: os.environ[name] for name, default in _COMPILE_SETTINGS.items()
+                if os.environ.get(name, default) != default}
     header = json.dumps({"format": FORMAT_VERSION, "model": fingerprint, "target": target, "trials": trials,
                          "tvm": tvm_version, "tvm_threads": threads, "settings": settings, "worker": worker.digest()},
                         sort_keys=True)

@@ -63,7 +63,7 @@ class WinogradTransform(Rule):
         if lanes < MIN_LANES:
             return None
         channels, lane = sch.split(loops[-1], [None, lanes])
-        m = int(kind.lstrip("inputo"))
+        m = int(kind.removeprefix("input").removeprefix("output"))
         if kind.startswith("input"):
             # (position in the tile, tile, channel) -> tile, channel vector,
             # row of B^T (rows combined here), column of B, lanes
