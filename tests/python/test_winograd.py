@@ -103,11 +103,11 @@ def model(n, h, w, ic, oc, pad, stride, weight_kind, epilogue, rng):
     return bb.get(), values, ref
 
 target = tvm.target.Target(json.loads(sys.argv[2]))
-results = []
 if sys.argv[3] == "tile_sizes":
-    print(json.dumps([winograd.tile_size(*shape) for shape in json.loads(sys.argv[4])]))
-    sys.exit()
-for case in json.loads(sys.argv[3]):
+    results, cases = [winograd.tile_size(*shape) for shape in json.loads(sys.argv[4])], []
+else:
+    results, cases = [], json.loads(sys.argv[3])
+for case in cases:
     mod, values, ref = model(*case, np.random.default_rng(0))
     reported = []
     converted = winograd.winograd_convolutions(reported.append)(mod)
