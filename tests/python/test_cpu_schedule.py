@@ -411,6 +411,21 @@ for mcpu in ("x86-64", "x86-64-v4"):
                            for loop in sch.get_loops(block) if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED})
 out["vector widths 384"] = widths
 out["384 same"] = same_as_plain(matmul.Matmul().apply(plain, target, False), plain, x, w, y)
+# Constant weights (layout-free: packed) of 768x768 (2.25 MiB, over a core's L2)
+# and 128x512 (256 KiB), with a relu after the product: which of C's axes the
+# threads' fused loop starts with, and the values against the plain nest's.
+for kdim, ndim in ((768, 768), (128, 512)):
+    x, k = te.placeholder((128, kdim), name="x"), te.reduce_axis((0, kdim), name="k")
+    w = te.placeholder((kdim, ndim), name="w")
+    y = te.compute((128, ndim), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="y")
+    z = te.compute((128, ndim), lambda i, j: te.max(y[i, j], 0.0), name="z")
+    plain = te.create_prim_func([x, w, z]).with_attr("layout_free_buffers", [1])
+    for mcpu in ("x86-64", "x86-64-v4"):
+        sch = matmul.Matmul().apply(plain, tvm.target.Target({"kind": "llvm", "mcpu": mcpu}), False)
+        threaded = [sch.get(loop).loop_var.name for loop in sch.get_loops(sch.get_sblock("y_update"))
+                    if sch.get(loop).kind == tvm.tirx.ForKind.PARALLEL]
+        out[f"{kdim}x{ndim} {mcpu} threads"] = threaded[0].split("_")[0]
+    out[f"{kdim}x{ndim} same"] = same_as_plain(matmul.Matmul().apply(plain, target, False), plain, x, w, z)
 out["chunks"] = {f"k{k} {mt}x{nt} of {tiles}, {tasks}": matmul.k_chunk(k, mt, nt, tiles, tasks)
                  for k, mt, nt, tiles, tasks in
                  ((512, 4, 64, 16, 2), (128, 4, 64, 16, 2), (128, 4, 16, 16, 2), (512, 4, 16, 16, 2),
@@ -463,6 +478,13 @@ def test_matmul_tiles_fit_each_levels_registers() -> None:
     # instead of 50 µs); SSE's tiles of 16 columns are 4 vectors of 4.
     assert out["vector widths 384"] == {"x86-64": [4], "x86-64-v4": [16]}, out
     assert out["384 same"], out
+    # A packed weight over a core's L2 (768x768): each thread takes whole
+    # column tiles (j), reading its part of B once; a smaller one (128x512):
+    # each thread whole rows (i), which the next kernel reads from its own L2.
+    assert {key: v for key, v in out.items() if key.endswith("threads")} == {
+        "768x768 x86-64 threads": "j", "768x768 x86-64-v4 threads": "j",
+        "128x512 x86-64 threads": "i", "128x512 x86-64-v4 threads": "i"}, out
+    assert out["768x768 same"] and out["128x512 same"], out
 
 
 #: Run on the TVM Python: a dense layer at batch 1 (256 -> 1000, a
