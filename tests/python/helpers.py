@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import runpy
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +54,27 @@ def run_python(
         [sys.executable, "-c", script, *args],
         capture_output=True, text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})},
     )
+
+
+def host_cpu_flags() -> set[str]:
+    """The first "flags" line of /proc/cpuinfo; empty where there is none."""
+    cpuinfo = Path("/proc/cpuinfo")
+    line = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "") \
+        if cpuinfo.is_file() else ""
+    return set(line.partition(":")[2].split())
+
+
+def run_tvm_script(script: str, *args: str, timeout: int = 600, **environment: str) -> Any:
+    """What ``script`` (Python source) prints as JSON on its last line, run
+    with ``args`` on the TVM Python (the compile worker's), on two of TVM's
+    threads, with ``environment`` added; a script that fails fails the test
+    with its stderr."""
+    from conftest import TVM_PYTHON
+
+    result = subprocess.run([TVM_PYTHON, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def run_in_threads(worker: Callable[[int], None], count: int) -> None:

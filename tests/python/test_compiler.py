@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TVM_PYTHON
-from helpers import run_python
+from helpers import host_cpu_flags, run_python
 
 from tf_op import CompiledFunction, CompileError, compile
 from tf_op.compiler import worker
@@ -286,14 +286,7 @@ def test_function_tflite_cannot_take_is_a_compile_error(tmp_path: Path) -> None:
     assert _entries(tmp_path) == []
 
 
-def _host_cpu_flags() -> set[str]:
-    """The first "flags" line of /proc/cpuinfo; empty where there is none."""
-    cpuinfo = Path("/proc/cpuinfo")
-    match = re.search(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M) if cpuinfo.is_file() else None
-    return set(match.group(1).split()) if match else set()
-
-
-_HOST_FLAGS = _host_cpu_flags()
+_HOST_FLAGS = host_cpu_flags()
 _VEX = re.compile(r"\tv[a-z0-9]+\s+[^\n]*%[xyz]mm")  # an AVX (VEX/EVEX-encoded) vector instruction
 
 

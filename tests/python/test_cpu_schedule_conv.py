@@ -8,15 +8,13 @@ child process, as the worker does: TVM and TensorFlow each bring an LLVM.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TVM_PYTHON
+from helpers import host_cpu_flags, run_tvm_script
 
 from tf_op import compile
 from tf_op.compiler import worker
@@ -158,19 +156,11 @@ print(json.dumps(results))
 def _run_cases(target: dict[str, str], cases: list[tuple], weights: str) -> list[dict]:
     # The direct convolutions' schedules are what these cases test: Winograd's
     # (test_winograd.py) would take the 3x3 ones of stride 1 with many channels.
-    result = subprocess.run([TVM_PYTHON, "-c", _CONV_CASES, str(TVM_PACKAGE.parent), json.dumps(target),
-                             json.dumps(cases), weights], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TVM_NUM_THREADS": "2", "TVMDSOOP_WINOGRAD": "0"})
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return run_tvm_script(_CONV_CASES, str(TVM_PACKAGE.parent), json.dumps(target), json.dumps(cases), weights,
+                          TVMDSOOP_WINOGRAD="0")
 
 
-def _host_flags() -> set[str]:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-
-
-_HOST = _host_flags()
+_HOST = host_cpu_flags()
 
 
 #: One case per vector width (SSE, AVX2, AVX-512), where this CPU runs it.

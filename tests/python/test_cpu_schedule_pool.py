@@ -9,11 +9,9 @@ child process, as the worker does: TVM and TensorFlow each bring an LLVM.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
-from conftest import TVM_PYTHON
+from helpers import run_tvm_script
 from test_cpu_schedule_conv import _LEVELS, TVM_PACKAGE
 
 #: Pools as (kind, N, H, W, C, window, stride, padding, relu): the Keras CNN's
@@ -97,10 +95,7 @@ def test_pool_rule_takes_each_pool_and_keeps_its_values(mcpu: str) -> None:
     (under 1 KiB here) are buffers on the stack, not ones allocated with a call
     of TVMBackendAllocWorkspace."""
     target = {"kind": "llvm", "mcpu": mcpu}
-    result = subprocess.run([TVM_PYTHON, "-c", _POOL_CASES, str(TVM_PACKAGE.parent), json.dumps(target),
-                             json.dumps(CASES)], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TVM_NUM_THREADS": "2"})
-    assert result.returncode == 0, result.stderr
-    for case, got in zip(CASES, json.loads(result.stdout.splitlines()[-1]), strict=True):
+    results = run_tvm_script(_POOL_CASES, str(TVM_PACKAGE.parent), json.dumps(target), json.dumps(CASES))
+    for case, got in zip(CASES, results, strict=True):
         assert got["taken"] == [case[4] % 4 == 0] and got["workspace"] == [False], (case, got)
         assert got["error"] < 1e-5, (case, got)  # a max is exact; a mean of at most 9 terms

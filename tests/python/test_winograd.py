@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TVM_PYTHON
+from helpers import run_tvm_script
 from test_cpu_schedule_conv import _LEVELS
 
 from tf_op import CompileError, compile
@@ -135,11 +133,7 @@ print(json.dumps(results))
 
 
 def _run_script(*arguments: str, **environment: str) -> list:
-    result = subprocess.run([TVM_PYTHON, "-c", _SCRIPT, str(worker.package_dir().parent), *arguments],
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return run_tvm_script(_SCRIPT, str(worker.package_dir().parent), *arguments, **environment)
 
 
 def _run_cases(target: dict[str, str], cases: list[tuple], **environment: str) -> list[dict]:
