@@ -79,13 +79,14 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, level_processes, math_lowering, split_slices,
-                           stacked_products, weight_layouts, winograd)
+    from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, layer_norms, level_processes, math_lowering,
+                           split_slices, stacked_products, weight_layouts, winograd)
     from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
     import cpu_schedule
     import expansion_fusion
+    import layer_norms
     import level_processes
     import math_lowering
     import split_slices
@@ -483,9 +484,9 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
         # Each kernel knows which of its inputs are the model's weights (as in
         # cpu_pipeline), so that MetaSchedule's candidates may repack them at
         # compile time as the default schedules do, and are timed without it.
-        # Winograd's convolutions first, as in cpu_pipeline: their transforms and
-        # products are the kernels tuned (after legalization it finds no conv2d).
-        mod = tvm.transform.Sequential([winograd.winograd_convolutions(progress),
+        # Winograd's convolutions and layer norms first, as in cpu_pipeline: their
+        # transforms and products, one kernel a layer norm, are the kernels tuned.
+        mod = tvm.transform.Sequential([winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
                                         relax.transform.DecomposeOpsForInference(),
                                         relax.transform.CanonicalizeBindings(),
                                         relax.get_pipeline("zero"),
@@ -679,7 +680,8 @@ def cpu_pipeline(target: Any) -> Any:
     And before FuseTIR makes the loop nests, an expansion convolution and the
     stride-2 depthwise one after it become one function (``expansion_fusion``).
     First of all, 3x3 convolutions of stride 1 become Winograd's transforms
-    and matrix products (``winograd``), which ``cpu_schedule`` schedules too.
+    and matrix products (``winograd``), which ``cpu_schedule`` schedules too,
+    and each layer normalization one function (``layer_norms``).
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -724,7 +726,8 @@ def cpu_pipeline(target: Any) -> Any:
     def pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
-                winograd.winograd_convolutions(progress), *cpu.library_dispatch_passes(target),
+                winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
+                *cpu.library_dispatch_passes(target),
                 *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
                     target, cpu_schedule.expansion.ExpansionDepthwise.for_target(target), progress),
                 *legalize[fuse_tir:],

@@ -123,11 +123,12 @@ import tvm
 from tvm import tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 sys.path.insert(0, sys.argv[1])
-import compile_model, cpu_schedule
+import compile_model, cpu_schedule, layer_norms
 target = tvm.target.Target(json.loads(sys.argv[3]))
 mod = compile_model.import_tflite(Path(sys.argv[2]).read_bytes())
 with target:
-    mod = tvm.transform.Sequential([*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)])(mod)
+    mod = tvm.transform.Sequential([layer_norms.fuse_layer_norms(), *cpu.library_dispatch_passes(target),
+                                    *cpu.legalize_passes(target)])(mod)
 taken = {}
 for gvar, func in mod.functions.items():
     if isinstance(func, tirx.PrimFunc):
@@ -157,7 +158,7 @@ def test_rules_take_the_transformer_blocks_loop_nests(target: dict[str, str], tm
     """Every matrix product of the block (projections, Q K^T, attention times
     V, the feed-forward layers, these with their bias and GELU: the reshapes
     between them merged away) is register-tiled, softmax and the layer norms'
-    means are row reductions, and the elementwise work between them
+    layer norms are row reductions, each one function, and the elementwise work between them
     (transposes, residual adds) is one vectorized loop. The one loop nest left
     to the fallback is a plain reshape, which Relax runs as a view of its input
     (RewriteDataflowReshape), with no kernel at all, when it is left
@@ -165,9 +166,40 @@ def test_rules_take_the_transformer_blocks_loop_nests(target: dict[str, str], tm
     taken = _rules_taken(_transformer(), (8, 64, 128), target, tmp_path)
     matmuls = [name for name in taken if "matmul" in name]
     assert len(matmuls) == 6 and {taken[name] for name in matmuls} == {"Matmul"}, taken
-    assert taken["softmax"] == "RowReduction" and taken["mean"] == "RowReduction", taken
+    assert taken["softmax"] == "RowReduction", taken
+    # The two layer norms (one function: the same shapes), no mean apart.
+    layer_norms = [name for name in taken if "mean" in name]
+    assert len(layer_norms) == 1 and taken[layer_norms[0]] == "RowReduction", taken
+    assert "rsqrt" in layer_norms[0] and "multiply" in layer_norms[0], taken
     assert [taken[name] for name in taken if "erf" in name] == ["Matmul"], taken
     assert [name for name, rule in taken.items() if rule is None] == ["reshape4"], taken
+
+
+def _layer_norm(center: bool, scale: bool, epsilon: float) -> keras.Model:
+    """A layer norm whose gamma and beta are not Keras's initial ones and 1
+    (TFLite folds those away)."""
+    keras.utils.set_random_seed(4)
+    layer = keras.layers.LayerNormalization(center=center, scale=scale, epsilon=epsilon)
+    model = keras.Sequential([keras.Input((24, 96)), layer])
+    for weight in layer.weights:
+        weight.assign(np.random.default_rng(5).uniform(0.5, 1.5, weight.shape).astype(np.float32))
+    return model
+
+
+@pytest.mark.parametrize("center, scale, epsilon", [(True, True, 1e-3), (True, False, 1e-3), (False, True, 1e-3),
+                                                    (True, True, 1e-12)],
+                         ids=["centred-scaled", "centred", "scaled", "bert-epsilon"])
+def test_layer_norms_are_one_row_reduction(center: bool, scale: bool, epsilon: float, tmp_path: Path) -> None:
+    """TFLite spells a layer norm out in a dozen ops, which FuseOps made four
+    kernels (it cuts at each reduction): each of the converter's forms, with and
+    without gamma and beta, is one function (layer_norms), which the row
+    reduction rule schedules; its values Keras's within float32 rounding, on
+    inputs whose rows' means are far from 0 (the variance of x - mean)."""
+    model = _layer_norm(center, scale, epsilon)
+    taken = _rules_taken(model, (3, 24, 96), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    assert len(taken) == 1 and list(taken.values()) == ["RowReduction"], taken
+    x = _inputs(3, 24, 96) + 10.0
+    _assert_close(compile(model, cache_dir=tmp_path, batch_sizes=[3])(x).numpy(), model(x).numpy())
 
 
 def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:

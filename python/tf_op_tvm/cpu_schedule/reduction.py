@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
 from .rule import Rule, has_reduction
@@ -61,6 +61,32 @@ def _leading_spatial(sch: Any, block: Any) -> int:
     return next((i for i, kind in enumerate(kinds) if kind != tirx.IterVar.DataPar), len(kinds))
 
 
+def _row_axes(sch: Any, block: Any) -> int:
+    """A reduction's row axes: its leading data-parallel ones but those of
+    extent 1 just before the reduction, where a mean that keeps its
+    dimensions has the row's (a layer norm's (1, 64, 1) of (1, 64, 128))."""
+    rows = _leading_spatial(sch, block)
+    domains = sch.get(block).iter_vars
+    while rows > 0 and isinstance(domains[rows - 1].dom.extent, tirx.IntImm) and int(domains[rows - 1].dom.extent) == 1:
+        rows -= 1
+    return rows
+
+
+def _inline_single_uses(sch: Any, blocks: list[Any]) -> list[Any]:
+    """Computes each elementwise block but the last where its one consumer
+    reads it: a layer norm's ``x - mean``, its square, its scale's steps, are
+    expressions in the blocks that use them instead of rows kept in buffers.
+    A block read by two (softmax's exponentials, read by the sum and the
+    division) stays, computed once. The blocks left, in order."""
+    for block in blocks[:-1]:
+        if not has_reduction(sch.get(block)) and len(sch.get_consumers(block)) == 1:
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                pass  # not inlinable (its consumer reads it at other indices): it stays a block
+    return sch.get_child_blocks(sch.get_sblock("root"))
+
+
 def schedule_rows(sch: Any, target: Any) -> Any:
     """``sch`` scheduled ``ROWS`` rows at a time, or None when it is not a row
     reduction: no reduction, one that is not over the last axis alone, a last
@@ -80,7 +106,7 @@ def schedule_rows(sch: Any, target: Any) -> Any:
             return None  # a reduction over more than the last axis, or not last
         if not _reads_along_rows(sch.get(block)):
             return None  # a matrix product that the Matmul rule left (a classifier's 1000 columns)
-    rows = min(_leading_spatial(sch, b) for b in reductions)
+    rows = min(_row_axes(sch, b) for b in reductions)
     last = blocks[-1]
     loops = sch.get_loops(last)
     if rows == 0 or len(loops) < rows:  # a reduction of everything to one value has no rows
@@ -92,6 +118,8 @@ def schedule_rows(sch: Any, target: Any) -> Any:
         if [int(sch.get(loop).extent) for loop in sch.get_loops(block)[:rows]] != row_extents:
             return None
     lanes = vector_lanes(target)
+    blocks = _inline_single_uses(sch, blocks)
+    reductions = [b for b in blocks if has_reduction(sch.get(b))]
     in_vectors = _in_vectors(sch, reductions, lanes)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     # The rows taken side by side: a part of the innermost row axis that is
