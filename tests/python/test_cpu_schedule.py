@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TVM_PYTHON
+from helpers import run_tvm_script
 from test_compiler import _HOST_FLAGS, TVM_PACKAGE
 
 from tf_op import compile
@@ -200,6 +201,42 @@ def test_layer_norms_are_one_row_reduction(center: bool, scale: bool, epsilon: f
     assert len(taken) == 1 and list(taken.values()) == ["RowReduction"], taken
     x = _inputs(3, 24, 96) + 10.0
     _assert_close(compile(model, cache_dir=tmp_path, batch_sizes=[3])(x).numpy(), model(x).numpy())
+
+
+#: Run on the TVM Python: layer_norms' squares rewrite on powers by a scalar
+#: 2, a scalar 3 and a tensor of 2s (which broadcasts x): the ops left, and
+#: the outputs against the module's before it, to the bit.
+_SQUARES = """
+import json, sys
+import numpy as np, tvm
+from tvm import relax
+sys.path.insert(0, sys.argv[1])
+import layer_norms
+x = relax.Var("x", relax.TensorType((3, 4), "float32"))
+bb = relax.BlockBuilder()
+with bb.function("main", [x]):
+    with bb.dataflow():
+        two = bb.emit(relax.op.power(x, relax.const(2.0, "float32")))
+        three = bb.emit(relax.op.power(x, relax.const(3.0, "float32")))
+        twos = bb.emit(relax.op.power(x, relax.const(np.full((2, 3, 4), 2.0, "float32"))))
+        out = bb.emit_output(relax.Tuple([two, three, twos]))
+    bb.emit_func_output(out)
+before = bb.get()
+after = layer_norms._squares()(before)
+ops = []
+relax.analysis.post_order_visit(after["main"], lambda e: isinstance(e, relax.Call) and ops.append(e.op.name))
+data = np.random.default_rng(0).standard_normal((3, 4)).astype("float32")
+def run(mod):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return [o.numpy() for o in vm["main"](tvm.runtime.tensor(data))]
+same = all(np.array_equal(a, b) for a, b in zip(run(before), run(after), strict=True))
+print(json.dumps({"ops": ops, "same": same}))
+"""
+
+
+def test_squares_become_products_only_for_a_scalar_two() -> None:
+    out = run_tvm_script(_SQUARES, str(TVM_PACKAGE))
+    assert out["ops"] == ["relax.multiply", "relax.power", "relax.power"] and out["same"], out
 
 
 def test_rules_take_the_lstms_step_and_the_dense_layers(tmp_path: Path) -> None:
