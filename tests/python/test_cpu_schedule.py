@@ -147,10 +147,7 @@ def _rules_taken(model: keras.Model, shape: tuple[int, ...], target: dict[str, s
 def _rules_taken_by(concrete: Any, target: dict[str, str], tmp_path: Path) -> dict[str, str]:
     path = tmp_path / "model.tflite"
     path.write_bytes(to_tflite(concrete, "model"))
-    result = subprocess.run([TVM_PYTHON, "-c", _RULES_TAKEN, str(TVM_PACKAGE), str(path), json.dumps(target)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return run_tvm_script(_RULES_TAKEN, str(TVM_PACKAGE), str(path), json.dumps(target), timeout=300)
 
 
 @pytest.mark.parametrize("target", [{"kind": "llvm", "mcpu": m} for m in ("x86-64", "x86-64-v3", "x86-64-v4")],
@@ -509,10 +506,7 @@ print(json.dumps(out))
 
 
 def test_matmul_tiles_fit_each_levels_registers() -> None:
-    result = subprocess.run([TVM_PYTHON, "-c", _MATMUL_SHAPES, str(TVM_PACKAGE)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_MATMUL_SHAPES, str(TVM_PACKAGE), timeout=300)
     assert out["kn"] < 1e-4 and out["nk"] < 1e-4 and out["nk shared"] < 1e-4, out
     # (rows, columns): AVX-512 tiles of up to 24 zmm accumulators, SSE and AVX2 12,
     # SSE's wider and shorter (a broadcast is two instructions there); a single
@@ -596,10 +590,7 @@ def test_dense_weights_that_are_constants_are_packed_at_compile_time(target: dic
     so that each column tile reads its weights as one stream: the product
     takes it as a 3-D constant ([N / tile][K][tile]). A weight that is an input
     is read in place (2-D). The values are numpy's either way."""
-    result = subprocess.run([TVM_PYTHON, "-c", _DENSE_WEIGHTS, str(TVM_PACKAGE.parent), json.dumps(target)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_DENSE_WEIGHTS, str(TVM_PACKAGE.parent), json.dumps(target), timeout=300)
     # (A, B, C) of the product; a constant's repacking, (B, packed B), is a
     # function of its own that FoldConstant ran.
     assert [2, 3, 2] in out["constant"]["ranks"] and out["input"]["ranks"] == [[2, 2, 2]], out
@@ -642,10 +633,7 @@ print(json.dumps(out))
 def test_row_reductions_sum_and_take_maxima_in_vectors() -> None:
     """Softmax's max and sum and a mean's sum run along the row in vectors,
     on every level, within float32 rounding of numpy."""
-    result = subprocess.run([TVM_PYTHON, "-c", _ROW_REDUCTIONS, str(TVM_PACKAGE), " ".join(sorted(_HOST_FLAGS))],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_ROW_REDUCTIONS, str(TVM_PACKAGE), " ".join(sorted(_HOST_FLAGS)), timeout=300)
     for mcpu in ("x86-64", "x86-64-v3", "x86-64-v4"):
         softmax, mean = out[f"softmax {mcpu}"], out[f"mean {mcpu}"]
         assert softmax["in_vectors"] == {"T_softmax_maxelem_rf_update": True, "T_softmax_expsum_rf_update": True}, out
@@ -686,10 +674,7 @@ def test_row_reductions_with_work_for_two_threads_run_on_them() -> None:
     (1 KiB) do not, and run on one thread, or, with work enough for the
     fallback's threads (512K), are the fallback's. Values within float32
     rounding of numpy's."""
-    result = subprocess.run([TVM_PYTHON, "-c", _PARALLEL_ROWS, str(TVM_PACKAGE)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_PARALLEL_ROWS, str(TVM_PACKAGE), timeout=300)
     assert {shape: cell and cell["parallel"] for shape, cell in out.items()} == {
         "48x64": False, "1024x64": True, "256x256": False, "2048x256": None}, out
     assert all(cell["error"] < 1e-6 for cell in out.values() if cell), out
@@ -745,10 +730,7 @@ def test_erf_lowers_to_a_rational_function_within_8_ulps(target: dict[str, str])
     """Exact GELU's erf: no libm call left for float32 (scalar or vector), within
     8 ulps and 5e-7 of the exact value, with or without FMA; ±0, ±1 at ±inf,
     NaN kept; float64 keeps libm's erf."""
-    result = subprocess.run([TVM_PYTHON, "-c", _ERF, str(TVM_PACKAGE), json.dumps(target)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_ERF, str(TVM_PACKAGE), json.dumps(target), timeout=300)
     for case in ("float32x1", "float32x8"):
         assert out[case]["ulp"] <= 8 and out[case]["absolute"] < 5e-7 and not out[case]["libm"], out
         assert out[case]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan"], out
@@ -795,10 +777,7 @@ def test_sigmoid_lowers_to_tfs_own_within_8_ulps(target: dict[str, str]) -> None
     ulps of the exact value (subnormal results: 2 steps), 1 at +inf and
     above 16.64, 0 below -104, ±0 give 0.5, NaN kept. float64 keeps TVM's
     1 / (1 + exp(-x))."""
-    result = subprocess.run([TVM_PYTHON, "-c", _SIGMOID, str(TVM_PACKAGE), json.dumps(target)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_SIGMOID, str(TVM_PACKAGE), json.dumps(target), timeout=300)
     for case in ("float32x1", "float32x16"):
         assert out[case]["ulp"] <= 8 and out[case]["subnormal_steps"] <= 2 and not out[case]["exp"], out
         assert out[case]["special"] == ["0.5", "0.5", "1.0", "0.0", "nan", "0.0", "1.0", "0.0"], out
@@ -840,10 +819,7 @@ def test_tanh_lowers_to_tfs_own_within_8_ulps(target: dict[str, str]) -> None:
     [9/8] rational function), scalar or vector: no exp left, within 8 ulps of
     the exact value, ±1 from ±7.91 and at ±inf, ±0 and tiny values kept, NaN
     kept. float64 keeps TVM's two exps (which lose tiny values to cancellation)."""
-    result = subprocess.run([TVM_PYTHON, "-c", _TANH, str(TVM_PACKAGE), json.dumps(target)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout.splitlines()[-1])
+    out = run_tvm_script(_TANH, str(TVM_PACKAGE), json.dumps(target), timeout=300)
     for case in ("float32x1", "float32x16"):
         assert out[case]["ulp"] <= 8 and not out[case]["exp"], out
         assert out[case]["special"] == ["0.0", "-0.0", "1.0", "-1.0", "nan", "1.0", "-1.0"], out
@@ -912,10 +888,8 @@ def test_an_expansion_and_the_stride_2_depthwise_convolution_after_it_are_one_lo
         path = tmp_path / f"expansion_{kernel}_{stride}.tflite"
         path.write_bytes(to_tflite(concrete, "expansion"))
         compare = ["compare"] if (kernel, stride) == (3, 2) else []
-        result = subprocess.run([TVM_PYTHON, "-c", _EXPANSIONS, str(TVM_PACKAGE), str(path), json.dumps(target),
-                                 *compare], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        found[kernel, stride] = json.loads(result.stdout.splitlines()[-1])
+        found[kernel, stride] = run_tvm_script(_EXPANSIONS, str(TVM_PACKAGE), str(path), json.dumps(target),
+                                               *compare, timeout=300)
     assert len(found[3, 2]["merged"]) == 1 and found[3, 2]["same"], found
     assert found[3, 1]["merged"] == [] and found[5, 2]["merged"] == [], found
 
