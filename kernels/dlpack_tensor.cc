@@ -25,6 +25,20 @@ bool ToDLDataType(DataType dtype, DLDataType* out) {
   }
 }
 
+bool FromDLDataType(DLDataType type, DataType* out) {
+  using namespace tensorflow;  // NOLINT: the dtypes' names
+  for (DataType dtype : {DT_BOOL, DT_INT8, DT_INT16, DT_INT32, DT_INT64, DT_UINT8, DT_UINT16, DT_UINT32, DT_UINT64,
+                         DT_HALF, DT_BFLOAT16, DT_FLOAT, DT_DOUBLE, DT_COMPLEX64, DT_COMPLEX128}) {
+    DLDataType known;
+    if (ToDLDataType(dtype, &known) && known.code == type.code && known.bits == type.bits &&
+        known.lanes == type.lanes) {
+      *out = dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool IsCompact(const DLTensor& t) {
   if (t.strides == nullptr) return true;
   int64_t expected = 1;

@@ -24,6 +24,9 @@ using ::tensorflow::Tensor;
 // The DLPack type of a TF dtype; false for dtypes DLPack cannot describe.
 bool ToDLDataType(DataType dtype, DLDataType* out);
 
+// The TF dtype of a DLPack type; false for types TF has no dtype of.
+bool FromDLDataType(DLDataType type, DataType* out);
+
 // Whether a DLTensor is compact row-major (no strides, or the compact ones).
 bool IsCompact(const DLTensor& t);
 

@@ -7,22 +7,28 @@
 // and shared with the kernels of the same function (resolved.h); a call is C++
 // calling the model's VM or the function, as the kernel's call is.
 //
-// TVMDSOOpEagerOpen(lib_path, func_name, sha256, &handle, &message)
-//   resolves the function on the CPU: 0, or a TF status code and a malloc'ed
-//   message.
+// TVMDSOOpEagerOpen(lib_path, func_name, sha256, num_out, dtypes, ranks, dims,
+//                   &handle, &message)
+//   resolves the function on the CPU, with what the op would declare of its
+//   num_out outputs: each one's TF dtype (DT_INVALID, 0: the first input's) and
+//   shape (ranks[i] -1: any; else ranks[i] of dims, in order, -1 where any):
+//   0, or a TF status code and a malloc'ed message.
 // TVMDSOOpEagerClose(handle) gives it back.
-// TVMDSOOpEagerCall(handle, inputs, num_in, alignment, outputs, num_out, &message)
+// TVMDSOOpEagerCall(handle, inputs, num_in, alignment, outputs, &message)
 //   calls it. kUseTheOp (-1), having taken nothing, where the op would do more
 //   than lend the inputs (an input on another device, or not at `alignment`: the
 //   op copies it); else it has taken every input (each one's deleter runs when
 //   TVM drops it, whatever happens), and returns 0 with num_out DLPack views in
-//   outputs, the caller's, or a TF status code and a malloc'ed message.
+//   outputs, the caller's, checked as the op checks them (in C++: in Python the
+//   check was a tenth of a small model's eager call), or a TF status code and a
+//   malloc'ed message.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -41,6 +47,17 @@ constexpr int kUseTheOp = -1;
 constexpr int kInvalidArgument = 3;
 constexpr int kResourceExhausted = 8;
 constexpr int kInternal = 13;
+
+// A function resolved for eager calls, and what the op would declare of its outputs.
+struct EagerFunction {
+  const Resolved* fn = nullptr;
+  std::vector<::tensorflow::DataType> dtypes;  // DT_INVALID: the first input's
+  std::vector<::tensorflow::PartialTensorShape> shapes;
+
+  ~EagerFunction() {
+    if (fn != nullptr) Release(fn);
+  }
+};
 
 int Fail(int code, const std::string& message, char** out) {
   *out = strdup(message.c_str());
@@ -109,9 +126,14 @@ bool Lendable(const DLTensor& t, int64_t alignment) {
   return t.device.device_type == kDLCPU && IsAligned(static_cast<const char*>(t.data) + t.byte_offset, alignment);
 }
 
-int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTensor** outputs, int num_out,
+int Call(const EagerFunction& eager, DLManagedTensor** inputs, int num_in, DLManagedTensor** outputs,
          char** message) {
+  const Resolved& fn = *eager.fn;
   const std::string& where = fn.where;
+  const int num_out = static_cast<int>(eager.dtypes.size());
+  // What an output declared with the first input's dtype has (the inputs are TVM's after the call).
+  ::tensorflow::DataType first_dtype = ::tensorflow::DT_INVALID;
+  if (num_in > 0) FromDLDataType(inputs[0]->dl_tensor.dtype, &first_dtype);
   absl::InlinedVector<ManagedPtr, 8> taken;
   for (int i = 0; i < num_in; ++i) taken.emplace_back(inputs[i]);
   if (fn.target.arity >= 0 && num_in != fn.target.arity) {
@@ -170,6 +192,16 @@ int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTens
       return Fail(kInternal, absl::StrCat(where, ": output ", i, ": ", said), message);
     }
     views[i].reset(view);
+    const ::tensorflow::DataType dtype = eager.dtypes[i] != ::tensorflow::DT_INVALID ? eager.dtypes[i] : first_dtype;
+    if (dtype == ::tensorflow::DT_INVALID) {
+      return Fail(kInvalidArgument,
+                  absl::StrCat(where, ": output ", i, " takes the first input's dtype, but there is no input"),
+                  message);
+    }
+    ::tensorflow::TensorShape shape;
+    const ::tensorflow::Status declared = CheckDeclaredOutput(where, i, views[i]->dl_tensor, dtype,
+                                                              eager.shapes[i], &shape);
+    if (!declared.ok()) return Fail(declared, message);
     if (const int failed = ForTF(where, i, &views[i], message); failed != 0) return failed;
   }
   for (int i = 0; i < num_out; ++i) outputs[i] = views[i].release();
@@ -183,8 +215,10 @@ int Call(const Resolved& fn, DLManagedTensor** inputs, int num_in, DLManagedTens
 extern "C" {
 
 __attribute__((visibility("default"))) int TVMDSOOpEagerOpen(const char* lib_path, const char* func_name,
-                                                             const char* sha256, const void** handle,
-                                                             char** message) {
+                                                             const char* sha256, int num_out, const int* dtypes,
+                                                             const int* ranks, const int64_t* dims,
+                                                             const void** handle, char** message) {
+  using tvmdsoop::internal::EagerFunction;
   using tvmdsoop::internal::Resolved;
   *handle = nullptr;
   *message = nullptr;
@@ -200,24 +234,39 @@ __attribute__((visibility("default"))) int TVMDSOOpEagerOpen(const char* lib_pat
     std::free(said);
     return code;
   }
-  *handle = tvmdsoop::internal::Shared(std::move(r));
+  auto eager = std::make_unique<EagerFunction>();
+  eager->fn = tvmdsoop::internal::Shared(std::move(r));
+  for (int i = 0; i < num_out; ++i) {
+    eager->dtypes.push_back(static_cast<::tensorflow::DataType>(dtypes[i]));
+    ::tensorflow::PartialTensorShape shape;  // unknown rank
+    if (ranks[i] >= 0) {
+      const ::tensorflow::Status made = ::tensorflow::PartialTensorShape::BuildPartialTensorShape(
+          absl::Span<const int64_t>(dims, ranks[i]), &shape);
+      if (!made.ok()) {
+        *message = strdup(absl::StrCat(eager->fn->where, ": output ", i, ": ", made.message()).c_str());
+        return static_cast<int>(made.code());
+      }
+      dims += ranks[i];
+    }
+    eager->shapes.push_back(std::move(shape));
+  }
+  *handle = eager.release();
   return 0;
 }
 
 __attribute__((visibility("default"))) void TVMDSOOpEagerClose(const void* handle) {
-  tvmdsoop::internal::Release(static_cast<const tvmdsoop::internal::Resolved*>(handle));
+  delete static_cast<const tvmdsoop::internal::EagerFunction*>(handle);
 }
 
 __attribute__((visibility("default"))) int TVMDSOOpEagerCall(const void* handle, DLManagedTensor** inputs,
                                                              int num_in, int64_t alignment,
-                                                             DLManagedTensor** outputs, int num_out,
-                                                             char** message) {
+                                                             DLManagedTensor** outputs, char** message) {
   using namespace tvmdsoop::internal;  // NOLINT: this file's own helpers
   *message = nullptr;
   for (int i = 0; i < num_in; ++i) {
     if (!Lendable(inputs[i]->dl_tensor, alignment)) return kUseTheOp;
   }
-  return Call(*static_cast<const Resolved*>(handle), inputs, num_in, outputs, num_out, message);
+  return Call(*static_cast<const EagerFunction*>(handle), inputs, num_in, outputs, message);
 }
 
 }  // extern "C"

@@ -60,16 +60,11 @@ class ReturnedBuffer : public tensorflow::TensorBuffer {
   size_t size_;
 };
 
-// Checks what a function returned for output i against what the op declares
-// (its dtype, the known dimensions) and what the op can take (a compact tensor,
-// on the op's device or the host), and gives its shape. It sets nothing: every
-// output is checked before the first is set (SetReturnedOutput), so that a call
-// that fails here leaves the op's outputs unset.
-template <typename Placement>
-inline Status CheckReturnedOutput(OpKernelContext* ctx, const Placement& placement, const std::string& where,
-                                  int i, const DLTensor& dl, const PartialTensorShape& declared,
-                                  TensorShape* shape) {
-  const DataType dtype = ctx->expected_output_dtype(i);
+// Checks what a function returned for output i against what is declared (its
+// dtype, the known dimensions) and gives its shape: the op's check, and the
+// eager entry's (eager_call.cc), which has no kernel context.
+inline Status CheckDeclaredOutput(const std::string& where, int i, const DLTensor& dl, DataType dtype,
+                                  const PartialTensorShape& declared, TensorShape* shape) {
   DLDataType want;
   if (!ToDLDataType(dtype, &want)) {
     return errors::InvalidArgument(where, ": output ", i, " is declared ",
@@ -86,6 +81,19 @@ inline Status CheckReturnedOutput(OpKernelContext* ctx, const Placement& placeme
     return errors::InvalidArgument(where, ": output ", i, " has shape ", shape->DebugString(),
                                    ", but the op declares ", declared.DebugString());
   }
+  return Status();
+}
+
+// Checks what a function returned for output i against what the op declares
+// (CheckDeclaredOutput) and what the op can take (a compact tensor, on the op's
+// device or the host), and gives its shape. It sets nothing: every output is
+// checked before the first is set (SetReturnedOutput), so that a call that
+// fails here leaves the op's outputs unset.
+template <typename Placement>
+inline Status CheckReturnedOutput(OpKernelContext* ctx, const Placement& placement, const std::string& where,
+                                  int i, const DLTensor& dl, const PartialTensorShape& declared,
+                                  TensorShape* shape) {
+  TF_RETURN_IF_ERROR(CheckDeclaredOutput(where, i, dl, ctx->expected_output_dtype(i), declared, shape));
   if (!IsCompact(dl)) {
     return errors::InvalidArgument(where, ": output ", i,
                                    " is a strided view; the op takes compact tensors only");

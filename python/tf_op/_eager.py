@@ -8,7 +8,8 @@ process, turn about). So an eager call that nothing else watches lends the
 inputs to the op library's ``TVMDSOOpEagerCall`` (kernels/eager_call.cc) as
 DLPack tensors and takes the outputs back the same way, without a copy: the
 same function, resolved by the op library as a kernel's is (the library's
-digest checked, its VMs shared with the op's kernels), called from C++.
+digest checked, its VMs shared with the op's kernels), called from C++, which
+checks what it returns against the declared outputs as the op does.
 
 ``Func.run`` calls it only where the op would run the same way: eagerly, with
 no tape that could record the call (a gradient needs the op), no op callback
@@ -56,6 +57,10 @@ class _Managed(ctypes.Structure):
                 ("byte_offset", ctypes.c_uint64), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
 
+#: An output as the op declares it: its dtype (None: the first input's) and
+#: shape (None: any; a dimension None: any).
+Declared = tuple[tf.DType | None, tuple[int | None, ...] | None]
+
 #: TF's status codes, as the op library returns them, and their error classes.
 _ERRORS: dict[int, type[tf.errors.OpError]] = {
     tf.errors.CANCELLED: tf.errors.CancelledError, tf.errors.UNKNOWN: tf.errors.UnknownError,
@@ -77,9 +82,12 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
 _to_dlpack = pywrap_tfe.TFE_ToDlpackCapsule
 _from_dlpack_capsule = pywrap_tfe.TFE_FromDlpackCapsule
 
-#: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list).
-_LENDABLE = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
-                       tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128))
+#: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list), as
+#: the enums an eager tensor gives at C speed (a tf.DType hashes in Python: a
+#: set of them took 0.5 µs a look-up).
+_LENDABLE = frozenset(d.as_datatype_enum for d in (
+    tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
+    tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128))
 
 
 def error(code: int, message: str) -> tf.errors.OpError:
@@ -91,12 +99,13 @@ def error(code: int, message: str) -> tf.errors.OpError:
 def _entry() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr]:
     handle = ctypes.POINTER(ctypes.c_void_p)
     message = ctypes.POINTER(ctypes.c_void_p)
-    open_ = _library.c_function("TVMDSOOpEagerOpen", (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, handle,
-                                                      message), ctypes.c_int)
+    ints = ctypes.POINTER(ctypes.c_int)
+    open_ = _library.c_function("TVMDSOOpEagerOpen", (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                                      ctypes.c_int, ints, ints, ctypes.POINTER(ctypes.c_int64),
+                                                      handle, message), ctypes.c_int)
     close = _library.c_function("TVMDSOOpEagerClose", (ctypes.c_void_p,), None)
     call = _library.c_function("TVMDSOOpEagerCall", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, message),
-                               ctypes.c_int)
+                                                     ctypes.c_int64, ctypes.c_void_p, message), ctypes.c_int)
     return open_, close, call
 
 
@@ -109,15 +118,21 @@ def tf_may_place_on_a_gpu() -> bool:
 class EagerCall:
     """One function of one library, resolved for eager calls on the CPU."""
 
-    def __init__(self, lib_path: str, func_name: str, sha256: str, num_outputs: int, alignment: int) -> None:
+    def __init__(self, lib_path: str, func_name: str, sha256: str, declared: Sequence[Declared],
+                 alignment: int) -> None:
+        """``declared``: per output, its dtype and shape as the op declares them."""
         open_, self._close, self._call = _entry()
+        num_outputs = len(declared)
+        dtypes = (ctypes.c_int * num_outputs)(*(0 if d is None else d.as_datatype_enum for d, _ in declared))
+        ranks = (ctypes.c_int * num_outputs)(*(-1 if s is None else len(s) for _, s in declared))
+        flat = [-1 if n is None else n for _, s in declared for n in s or ()]
+        dims = (ctypes.c_int64 * max(len(flat), 1))(*flat)
         handle, message = ctypes.c_void_p(), ctypes.c_void_p()
-        code = open_(lib_path.encode(), func_name.encode(), sha256.encode(), ctypes.byref(handle),
-                     ctypes.byref(message))
+        code = open_(lib_path.encode(), func_name.encode(), sha256.encode(), num_outputs, dtypes, ranks, dims,
+                     ctypes.byref(handle), ctypes.byref(message))
         if code != 0:
             raise error(code, _library.take_string(message.value))
         self._handle = handle.value
-        self._num_outputs = num_outputs
         self._alignment = alignment
         self._outputs_type = ctypes.c_void_p * num_outputs
         #: Each thread's argument arrays, made once rather than on every call
@@ -144,14 +159,14 @@ class EagerCall:
         outputs, message = buffers.outputs, buffers.message
         capsules = []
         for i, t in enumerate(inputs):
-            if t.dtype not in _LENDABLE:
+            if t._datatype_enum() not in _LENDABLE:
                 return None  # TF's to_dlpack aborts the process on a string tensor: the op says what it takes
             capsule = _to_dlpack(t)
             capsules.append(capsule)
             pointers[i] = _capsule_pointer(capsule, b"dltensor")
         message.value = None
         # ctypes passes the message by reference itself (the parameter is a pointer to its type).
-        code = self._call(self._handle, pointers, count, self._alignment, outputs, self._num_outputs, message)
+        code = self._call(self._handle, pointers, count, self._alignment, outputs, message)
         if code == _USE_THE_OP:
             return None
         for c in capsules:  # the op library has taken each (and deleted it, or will)

@@ -275,10 +275,6 @@ class _EagerAttrs:
     #: The function's entry for eager calls without the op (tf_op._eager): None
     #: until the first eager call makes it, False where the op always runs.
     call: _eager.EagerCall | None | bool = None
-    #: Per output, the declared dtype (None: the first input's) and shape (a
-    #: tuple, None where a dimension is not checked; None: the shape is not
-    #: checked), against which what the entry returns is checked.
-    declared: tuple[tuple[tf.DType | None, tuple[int | None, ...] | None], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,8 +401,8 @@ class Func(tf.Module):
         conversion costs about 3 µs an input), on the device ``__call__`` gives
         it, if any. An eager call that nothing watches, of a function that
         returns its outputs, calls it without TF's op dispatch (tf_op._eager)."""
-        if self._eager.call is not False and tf.executing_eagerly():
-            outputs = self._called_directly(inputs)
+        if self._eager.call is not False and tf.executing_eagerly() and not record.could_possibly_record():
+            outputs = self.entry_outputs(inputs)
             if outputs is not None:
                 return outputs
         with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
@@ -417,21 +413,17 @@ class Func(tf.Module):
                 **attrs,
             )
 
-    def _called_directly(self, inputs: list[tf.Tensor]) -> list[tf.Tensor] | None:
-        """The outputs for ``inputs`` from the op library's eager entry, or None
-        where the op must run: a tape that could record it or an op callback
+    def entry_outputs(self, inputs: list[tf.Tensor]) -> list[tf.Tensor] | None:
+        """The outputs for ``inputs`` from the op library's eager entry, for a
+        caller that knows the call is eager and that no tape could record it (a
+        gradient needs the op); None where the op must run: an op callback
         (which must see the op), a function or input the entry does not take."""
-        if record.could_possibly_record() or context.context().op_callbacks:
+        if context.context().op_callbacks:
             return None
         call = self._eager.call
         if call is None:
             call = self._eager.call = self._eager_call()
-            if call is False:
-                return None
-        outputs = call(inputs)
-        if outputs is not None:
-            self._check_returned(outputs, inputs)
-        return outputs
+        return call(inputs) if call is not False else None
 
     def _eager_call(self) -> _eager.EagerCall | bool:
         """The eager entry for this function, or False where the op always runs:
@@ -442,28 +434,9 @@ class Func(tf.Module):
         if (os.environ.get("TVMDSOOP_EAGER_ENTRY", "1") == "0" or not self.returns or self.module.graph_files
                 or device not in (None, "CPU") or (device is None and _eager.tf_may_place_on_a_gpu())):
             return False
-        self._eager.declared = tuple((dtype, _checked_dims(shape))
-                                     for shape, dtype in zip(self._outputs.shapes, self._outputs.dtypes))
+        declared = [(dtype, _checked_dims(shape)) for shape, dtype in zip(self._outputs.shapes, self._outputs.dtypes)]
         path = self.module.library_path.numpy().decode()
-        return _eager.EagerCall(path, self.func_name, self.module.sha256, len(self._outputs.shapes), self.alignment)
-
-    def _check_returned(self, outputs: list[tf.Tensor], inputs: list[tf.Tensor]) -> None:
-        """What the function returned against the declared dtypes and shapes, as
-        the op checks it (from tuples made once, against the eager tensor's own
-        shape tuple: a TensorShape made and compared on each call cost 3 µs, a
-        tenth of a small model's)."""
-        for i, (out, (dtype, dims)) in enumerate(zip(outputs, self._eager.declared)):
-            want = dtype if dtype is not None else inputs[0].dtype
-            if out.dtype is not want and out.dtype != want:  # TF's dtypes are interned: `is` is the fast test
-                raise tf.errors.InvalidArgumentError(
-                    None, None, f"TVMDSOOp: {self}: output {i} is {out.dtype.name}, but the op declares {want.name}")
-            if dims is None:
-                continue
-            got = out._shape_tuple()  # the eager tensor's shape, without making a TensorShape
-            if got != dims and (len(got) != len(dims) or any(d is not None and d != g for d, g in zip(dims, got))):
-                raise tf.errors.InvalidArgumentError(
-                    None, None, f"TVMDSOOp: {self}: output {i} has shape {_shape_text(out.shape)}, but the op "
-                                f"declares {_shape_text(tf.TensorShape(dims))}")
+        return _eager.EagerCall(path, self.func_name, self.module.sha256, declared, self.alignment)
 
     def _op_attrs(self, inputs: list[tf.Tensor]) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """The op's run-time output sizes and its other arguments, for these inputs.
@@ -530,13 +503,6 @@ def _checked_dims(shape: ShapeLike) -> tuple[int | None, ...] | None:
         return None
     shape = tf.TensorShape(shape)
     return None if shape.rank is None else tuple(shape.as_list())
-
-
-def _shape_text(shape: tf.TensorShape) -> str:
-    """A shape as the op's messages write it (TF's ``DebugString``): ``[4,?,10]``."""
-    if shape.rank is None:
-        return "<unknown>"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 def _in_tf1_graph() -> bool:

@@ -108,3 +108,35 @@ def test_inputs_dlpack_cannot_lend_get_the_ops_error(ffi: tf_op.Module) -> None:
     identity = ffi.func("identity", returns=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="input 0 has dtype string, which DLPack cannot describe"):
         identity(tf.constant(["a", "b"]))
+
+
+@pytest.mark.parametrize(
+    ("declared", "pattern"),
+    [
+        ({"output_dtype": tf.int32}, r"output 0 is float32, but the op declares int32"),
+        ({"output_shape": [3]}, r"output 0 has shape \[2\], but the op declares \[3\]"),
+        ({"output_shape": [2, 1]}, r"output 0 has shape \[2\], but the op declares \[2,1\]"),
+        ({"output_shapes": [[None], [None]]}, r"returned 1 tensor\(s\), but the op declares 2 output"),
+    ],
+)
+def test_the_entry_checks_what_comes_back_as_the_op_does(ffi: tf_op.Module, declared: dict, pattern: str) -> None:
+    """What the function returns is checked against what is declared in the op
+    library's entry (C++, the op's own check): the op's error, word for word."""
+    identity = ffi.func("identity", returns=True, **declared)
+    x = tf.constant([1.0, 2.0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"'identity' of .*: {pattern}") as eager:
+        identity(x)
+    assert isinstance(identity._eager.call, _eager.EagerCall)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=pattern) as op:
+        tf.function(identity)(x)
+    assert eager.value.message in op.value.message
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.int32, tf.uint8])
+def test_outputs_of_the_first_inputs_dtype_pass_the_entrys_check(ffi: tf_op.Module, dtype: tf.DType) -> None:
+    identity = ffi.func("identity", returns=True, output_shape=[None])
+    x = tf.constant([1, 2, 3], dtype=dtype)
+    got = identity(x)
+    assert isinstance(identity._eager.call, _eager.EagerCall)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.numpy(), [1, 2, 3])
