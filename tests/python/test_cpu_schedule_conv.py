@@ -147,8 +147,10 @@ for case in json.loads(sys.argv[3]):
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
     y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
+    parallel = ["T.parallel(" in legal[name].script() for name in kernels if "conv2d" in name]
     results.append({"taken": taken, "kernels": kernels, "error": float(np.abs(y - ref).max() / np.abs(ref).max()),
-                    "workspace": ["TVMBackendAllocWorkspace" in ll for ll in code], "ranks": ranks})
+                    "workspace": ["TVMBackendAllocWorkspace" in ll for ll in code], "ranks": ranks,
+                    "parallel": parallel})
 print(json.dumps(results))
 """
 
@@ -217,6 +219,22 @@ def test_small_conv_tiles_stay_off_the_workspace_allocator() -> None:
     for case, got in zip(SMALL_TILE_CASES, _run_cases(target, SMALL_TILE_CASES, "constant"), strict=True):
         assert got["taken"] == [True] and got["workspace"] == [False], (case, got)
         assert got["error"] < 1e-4, (case, got)
+
+
+#: The small CNN's first convolution at batch 1 (32x32 images, 3 -> 8 channels:
+#: 221k multiply-adds, over conv.PARALLEL_MIN_MULTIPLY_ADDS) and the same on 16x16
+#: images (55k, under it).
+THREADED_CASE = (1, 32, 32, 3, 8, 3, 1, False, "bias_relu6")
+SERIAL_CASE = (1, 16, 16, 3, 8, 3, 1, False, "bias_relu6")
+
+
+def test_convolutions_of_enough_multiply_adds_run_on_tvms_threads() -> None:
+    """What splits a convolution over TVM's threads is its multiply-adds, not
+    its outputs: the 221k of a small CNN's first layer (8192 outputs) do, 55k do
+    not; the values are numpy's either way."""
+    threaded, serial = _run_cases({"kind": "llvm", "mcpu": "x86-64"}, [THREADED_CASE, SERIAL_CASE], "constant")
+    assert threaded["parallel"] == [True] and serial["parallel"] == [False], (threaded, serial)
+    assert threaded["error"] < 1e-4 and serial["error"] < 1e-4, (threaded, serial)
 
 
 #: A layer whose weights (2.4 MB) outsize its input (83 KB a padded image),

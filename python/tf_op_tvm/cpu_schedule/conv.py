@@ -25,7 +25,7 @@ from typing import Any
 
 from tvm import s_tir, sym, tirx
 
-from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .lanes import vector_lanes
 from .rule import Rule, has_reduction, is_constant
 
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
@@ -39,6 +39,13 @@ _CACHED_INPUT = 1 << 20
 #: Independent accumulators it takes to keep an x86 core's FMA units busy: two
 #: units, each starting an FMA every cycle that takes four to finish.
 _FMA_CHAINS = 8
+
+#: The least multiply-adds a convolution splits over TVM's threads: below the
+#: other rules' PARALLEL_MIN_WORK, as a register-tiled multiply-add takes a
+#: fraction of a cycle. The small CNN's two convolutions at batch 1 (221k and
+#: 226k multiply-adds) took 4.5 and 4.2 µs on one thread, 3.3 and 3.0 on two
+#: (Zen 4, the workers spinning between kernels); the model 10.8 -> 9.1 µs.
+PARALLEL_MIN_MULTIPLY_ADDS = 1 << 17
 
 
 def rules(target: Any) -> list[Any]:
@@ -138,7 +145,7 @@ class ConvNHWC(Rule):
         # Loop kinds (threads here, vectors below) before decompose_reduction:
         # a block without its init is no reduction to the check that a loop's
         # iterations are independent; the init's loops copy those kinds.
-        if math.prod(extents) >= PARALLEL_MIN_WORK:
+        if math.prod(extents) >= PARALLEL_MIN_MULTIPLY_ADDS:  # the extents of its output and of its sum
             sch.parallel(sch.fuse(*outer))
         in_registers(sch, [sum_tile, (wi, ck, cv)])  # the sum's, the epilogue's
         sch.decompose_reduction(conv, ry)
