@@ -484,9 +484,11 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
         # Each kernel knows which of its inputs are the model's weights (as in
         # cpu_pipeline), so that MetaSchedule's candidates may repack them at
         # compile time as the default schedules do, and are timed without it.
-        # Winograd's convolutions and layer norms first, as in cpu_pipeline: their
-        # transforms and products, one kernel a layer norm, are the kernels tuned.
+        # Winograd's convolutions, layer norms and steps first, as in cpu_pipeline:
+        # their transforms and products, one kernel a layer norm or step, are the
+        # kernels tuned.
         mod = tvm.transform.Sequential([winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
+                                        stacked_products.group_steps(),
                                         relax.transform.DecomposeOpsForInference(),
                                         relax.transform.CanonicalizeBindings(),
                                         relax.get_pipeline("zero"),
@@ -681,7 +683,9 @@ def cpu_pipeline(target: Any) -> Any:
     stride-2 depthwise one after it become one function (``expansion_fusion``).
     First of all, 3x3 convolutions of stride 1 become Winograd's transforms
     and matrix products (``winograd``), which ``cpu_schedule`` schedules too,
-    and each layer normalization one function (``layer_norms``).
+    each layer normalization one function (``layer_norms``), and each step of
+    a recurrence that slices a stacked product one function with its own
+    product (``stacked_products.group_steps``).
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -727,7 +731,7 @@ def cpu_pipeline(target: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
                 winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
-                *cpu.library_dispatch_passes(target),
+                stacked_products.group_steps(), *cpu.library_dispatch_passes(target),
                 *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
                     target, cpu_schedule.expansion.ExpansionDepthwise.for_target(target), progress),
                 *legalize[fuse_tir:],

@@ -116,7 +116,7 @@ def test_scheduled_models_match_keras(make_model, shape: tuple[int, ...], batch:
 
 #: Run on the TVM Python: the rule (class name) that takes each of a TFLite
 #: model's loop nests (PrimFuncs, after compile_model's Relax rewrites and
-#: fusion), or null where none does.
+#: fusion), or null where none does, and the nests it splits over TVM's threads.
 _RULES_TAKEN = """
 import json, sys
 from pathlib import Path
@@ -124,18 +124,21 @@ import tvm
 from tvm import tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 sys.path.insert(0, sys.argv[1])
-import compile_model, cpu_schedule, layer_norms
+import compile_model, cpu_schedule, layer_norms, stacked_products
 target = tvm.target.Target(json.loads(sys.argv[3]))
 mod = compile_model.import_tflite(Path(sys.argv[2]).read_bytes())
 with target:
-    mod = tvm.transform.Sequential([layer_norms.fuse_layer_norms(), *cpu.library_dispatch_passes(target),
-                                    *cpu.legalize_passes(target)])(mod)
-taken = {}
+    mod = tvm.transform.Sequential([layer_norms.fuse_layer_norms(), stacked_products.group_steps(),
+                                    *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)])(mod)
+taken, threaded = {}, []
 for gvar, func in mod.functions.items():
     if isinstance(func, tirx.PrimFunc):
-        rule = next((r for r in cpu_schedule.rules(target) if r.apply(func, target, False) is not None), None)
+        rule, sch = next(((r, sch) for r in cpu_schedule.rules(target)
+                          if (sch := r.apply(func, target, False)) is not None), (None, None))
         taken[gvar.name_hint] = type(rule).__name__ if rule else None
-print(json.dumps(taken))
+        if sch is not None and "T.parallel(" in sch.mod["main"].script():
+            threaded.append(gvar.name_hint)
+print(json.dumps({"taken": taken, "threaded": threaded}))
 """
 
 
@@ -145,6 +148,11 @@ def _rules_taken(model: keras.Model, shape: tuple[int, ...], target: dict[str, s
 
 
 def _rules_taken_by(concrete: Any, target: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return _scheduled(concrete, target, tmp_path)["taken"]
+
+
+def _scheduled(concrete: Any, target: dict[str, str], tmp_path: Path) -> dict[str, Any]:
+    """``taken``: the rule of each loop nest; ``threaded``: the nests on TVM's threads."""
     path = tmp_path / "model.tflite"
     path.write_bytes(to_tflite(concrete, "model"))
     return run_tvm_script(_RULES_TAKEN, str(TVM_PACKAGE), str(path), json.dumps(target), timeout=300)
@@ -267,6 +275,27 @@ def test_the_unrolled_lstms_steps_slice_one_product_of_their_inputs(tmp_path: Pa
     assert len([name for name in taken if "strided_slice" in name and "add" in name]) >= 31, taken
 
 
+def test_the_lstms_steps_at_batch_8_add_their_slice_in_their_products_kernel(tmp_path: Path) -> None:
+    """At batch 8 (a register tile of rows), the steps' input products are one
+    stacked product too, which stays on one thread (it runs among the serial
+    steps), and each step's slice of it, its recurrent product and its bias
+    are one loop nest the matmul rule takes (stacked_products.group_steps),
+    where FuseOps had left the slice a kernel of its own."""
+    model = _lstm()
+    concrete = tf.function(lambda t: model(t)).get_concrete_function(tf.TensorSpec((8, 32, 16), tf.float32))
+    found = _scheduled(unroll.unrolled(concrete), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    taken = found["taken"]
+    assert not [name for name in taken if "take" in name], taken
+    stacked = [name for name in taken if name.startswith("stacked_product")]
+    assert len(stacked) == 1 and taken[stacked[0]] == "Matmul" and stacked[0] not in found["threaded"], found
+    steps = [name for name in taken if "strided_slice" in name and "matmul" in name]
+    assert len(steps) >= 1 and {taken[name] for name in steps} == {"Matmul"}, taken
+    # Slices of it in no product's nest (nor a gate's): the first step's alone, which has no recurrent product.
+    alone = [name for name in taken if "strided_slice" in name and "reshape" in name
+             and "matmul" not in name and "sigmoid" not in name]
+    assert len(alone) == 1, taken
+
+
 _STEPS = """
 import json, sys
 import numpy as np
@@ -280,7 +309,7 @@ import stacked_products
 class Steps:
     @R.function
     def main(x: R.Tensor((4, 1, 3), "float32"), w: R.Tensor((3, 5), "float32"), v: R.Tensor((3, 5), "float32"),
-             y: R.Tensor((4, 8, 3), "float32")):
+             y: R.Tensor((4, 8, 3), "float32"), z: R.Tensor((4, 9, 3), "float32")):
         with R.dataflow():
             a0 = R.matmul(R.take(x, R.const(0, "int32"), axis=0), w)
             a1 = R.matmul(R.take(x, R.const(1, "int32"), axis=0), w)
@@ -288,10 +317,12 @@ class Steps:
             b2 = R.matmul(R.take(x, R.const(2, "int32"), axis=0), v)
             c0 = R.matmul(R.take(y, R.const(0, "int32"), axis=0), w)
             c1 = R.matmul(R.take(y, R.const(1, "int32"), axis=0), w)
+            e0 = R.matmul(R.take(z, R.const(0, "int32"), axis=0), w)
+            e1 = R.matmul(R.take(z, R.const(1, "int32"), axis=0), w)
             d0 = R.matmul(R.take(x, R.const(0, "int32"), axis=2), R.const(np.ones((1, 5), "float32")))
             d1 = R.matmul(R.take(x, R.const(1, "int32"), axis=2), R.const(np.ones((1, 5), "float32")))
-            R.output(a0, a1, a3, b2, c0, c1, d0, d1)
-        return (a0, a1, a3, b2, c0, c1, d0, d1)
+            R.output(a0, a1, a3, b2, c0, c1, d0, d1, e0, e1)
+        return (a0, a1, a3, b2, c0, c1, d0, d1, e0, e1)
 
 stacked = stacked_products.stack_sliced_products(Steps)
 ops = {}
@@ -299,30 +330,36 @@ def record(call):
     if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
         ops[call.op.name] = ops.get(call.op.name, 0) + 1
 relax.analysis.post_order_visit(stacked["main"], record)
+nests = [dict(f.attrs) for f in stacked.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+marked = [sorted(k for k in attrs if k.startswith("tvmdsoop.")) for attrs in nests]
 rng = np.random.default_rng(0)
-args = [rng.standard_normal(s).astype("float32") for s in ((4, 1, 3), (3, 5), (3, 5), (4, 8, 3))]
+args = [rng.standard_normal(s).astype("float32") for s in ((4, 1, 3), (3, 5), (3, 5), (4, 8, 3), (4, 9, 3))]
 def run(mod):
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     return [o.numpy() for o in vm["main"](*[tvm.runtime.tensor(a) for a in args])]
 same = all(np.array_equal(a, b) for a, b in zip(run(Steps), run(stacked), strict=True))
-print(json.dumps({"ops": ops, "same": same}))
+print(json.dumps({"ops": ops, "same": same, "marked": marked}))
 """
 
 
 def test_products_of_slices_of_one_tensor_by_one_matrix_become_one_product(tmp_path: Path) -> None:
     """Three of x's four rows by w: one product of x, sliced (and the outputs
-    the same to the bit). Left as they were: one row of x by v (a quarter of
-    the rows), products of 8 rows each (a register tile's worth: y), and
-    slices along the axis the products sum over (d)."""
+    the same to the bit); two of y's, of 8 rows each (a register tile's
+    worth), too. Each stacked product is a loop nest of its own, marked for
+    group_steps and to stay on one thread. Left as they were: one row of x by
+    v (a quarter of the rows), products of 9 rows each (more than a register
+    tile: z), and slices along the axis the products sum over (d)."""
     script = tmp_path / "steps.py"  # TVMScript reads its source: a file, not -c
     script.write_text(_STEPS)
     result = subprocess.run([TVM_PYTHON, str(script), str(TVM_PACKAGE)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout.splitlines()[-1])
     assert found["same"]
-    assert found["ops"]["relax.matmul"] == 1 + 1 + 2 + 2, found  # a's one product; b, c and d as they were
+    assert found["ops"]["relax.call_tir"] == 2, found  # a's and c's stacked products
+    assert found["marked"] == [["tvmdsoop.one_thread", "tvmdsoop.stacked_product"]] * 2, found
+    assert found["ops"]["relax.matmul"] == 1 + 2 + 2, found  # b, d and e as they were
     assert found["ops"]["relax.take"] == 1 + 2 + 2, found
-    assert found["ops"]["relax.strided_slice"] == 3, found
+    assert found["ops"]["relax.strided_slice"] == 3 + 2, found
 
 
 _SPLITS = """

@@ -152,6 +152,11 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, at_most) + 1) if n % d == 0)
 
 
+#: A loop nest's attribute that keeps the rule's loops on one thread
+#: (stacked_products' stacked products, whose docstring says why).
+ONE_THREAD = "tvmdsoop.one_thread"
+
+
 class Matmul(Rule):
     """Register-tiled matrix products, with their prologue and epilogue fused."""
 
@@ -258,7 +263,10 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
         sch.compute_at(copy, loops[shared[-1]], preserve_unit_loops=True)
         # The copy is in the last of them, which cannot be fused with the tiles' loops.
         threaded = [loops[i] for i in shared]
-    if math.prod(extents) >= PARALLEL_MIN_WORK and math.prod(int(sch.get(loop).extent) for loop in outer) > 1:
+    attrs = sch.mod["main"].attrs
+    one_thread = bool(attrs and attrs.get(ONE_THREAD))
+    if (not one_thread and math.prod(extents) >= PARALLEL_MIN_WORK
+            and math.prod(int(sch.get(loop).extent) for loop in outer) > 1):
         sch.parallel(sch.fuse(*threaded) if len(threaded) > 1 else threaded[0])
     # Before decompose_reduction, which copies the loops' kinds to the init
     # block's, and after which the update block no longer counts as a reduction.
