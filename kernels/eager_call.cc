@@ -53,6 +53,7 @@ struct EagerFunction {
   const Resolved* fn = nullptr;
   std::vector<::tensorflow::DataType> dtypes;  // DT_INVALID: the first input's
   std::vector<::tensorflow::PartialTensorShape> shapes;
+  bool takes_first_dtype = false;  // some output is DT_INVALID: the first input's dtype is looked up
 
   ~EagerFunction() {
     if (fn != nullptr) Release(fn);
@@ -133,7 +134,7 @@ int Call(const EagerFunction& eager, DLManagedTensor** inputs, int num_in, DLMan
   const int num_out = static_cast<int>(eager.dtypes.size());
   // What an output declared with the first input's dtype has (the inputs are TVM's after the call).
   ::tensorflow::DataType first_dtype = ::tensorflow::DT_INVALID;
-  if (num_in > 0) FromDLDataType(inputs[0]->dl_tensor.dtype, &first_dtype);
+  if (eager.takes_first_dtype && num_in > 0) FromDLDataType(inputs[0]->dl_tensor.dtype, &first_dtype);
   absl::InlinedVector<ManagedPtr, 8> taken;
   for (int i = 0; i < num_in; ++i) taken.emplace_back(inputs[i]);
   if (fn.target.arity >= 0 && num_in != fn.target.arity) {
@@ -238,6 +239,7 @@ __attribute__((visibility("default"))) int TVMDSOOpEagerOpen(const char* lib_pat
   eager->fn = tvmdsoop::internal::Shared(std::move(r));
   for (int i = 0; i < num_out; ++i) {
     eager->dtypes.push_back(static_cast<::tensorflow::DataType>(dtypes[i]));
+    eager->takes_first_dtype |= eager->dtypes.back() == ::tensorflow::DT_INVALID;
     ::tensorflow::PartialTensorShape shape;  // unknown rank
     if (ranks[i] >= 0) {
       const ::tensorflow::Status made = ::tensorflow::PartialTensorShape::BuildPartialTensorShape(

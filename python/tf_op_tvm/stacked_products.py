@@ -71,10 +71,10 @@ def stack_sliced_products(mod: Any) -> Any:
     products: dict[tuple[Any, ...], Any] = {}
     builder = relax.BlockBuilder()
 
-    def product_of(rows: list[int], dtype: str, w: Any, out_dtype: str) -> Any:
-        types = (tuple(rows), dtype, tuple(int(d) for d in w.ty.shape), str(w.ty.dtype), out_dtype)
+    def product_of(matrix: list[int], dtype: str, w: Any, out_dtype: str) -> Any:
+        types = (tuple(matrix), dtype, tuple(int(d) for d in w.ty.shape), str(w.ty.dtype), out_dtype)
         if types not in products:
-            nest = _product_loop_nest(relax.TensorType(rows, dtype), w.ty, out_dtype)
+            nest = _product_loop_nest(relax.TensorType(matrix, dtype), w.ty, out_dtype)
             products[types] = builder.add_func(nest.with_attrs({STACKED_PRODUCT: True, ONE_THREAD: True}),
                                                "stacked_product")
         return products[types]
@@ -99,10 +99,11 @@ def stack_sliced_products(mod: Any) -> Any:
                 return call
             data, w = matched[x], matched[weight]
             shape = [int(d) for d in data.ty.shape]
-            rows = [math.prod(shape[:-1]), shape[-1]]
-            out = relax.TensorType([rows[0], int(w.ty.shape[1])], call.ty.dtype)
-            whole = relax.call_tir(product_of(rows, str(data.ty.dtype), w, str(call.ty.dtype)),
-                                   [relax.op.reshape(data, rows), w], out)
+            # x's rows flattened to a matrix (rows, K): ``rows`` above is the groups' slices.
+            matrix = [math.prod(shape[:-1]), shape[-1]]
+            out = relax.TensorType([matrix[0], int(w.ty.shape[1])], call.ty.dtype)
+            whole = relax.call_tir(product_of(matrix, str(data.ty.dtype), w, str(call.ty.dtype)),
+                                   [relax.op.reshape(data, matrix), w], out)
             rows_out = relax.op.reshape(whole, [*shape[:-1], int(w.ty.shape[1])])
             # A slice and a reshape, not a take: FuseOps fuses those into the
             # step's kernel, where a take (an index read from a tensor) stays
