@@ -158,7 +158,7 @@ UBSAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:exitcode=66
 ASAN_GO_LDFLAGS := -ldflags='-s=false -w=false'
 # The tests that run the op's kernels, tf_op.auto's pass and cluster kernel, and
 # dsoop's C, on every kind of library and argument, hostile libraries included.
-ASAN_PYTHON_TESTS := test_semantics.py test_module_errors.py test_tf_op.py test_legacy.py test_models.py \
+ASAN_PYTHON_TESTS := test_semantics.py test_module_errors.py test_tf_op.py test_legacy.py test_models.py test_eager_call.py \
 	test_training.py test_auto.py
 .PHONY: test-asan
 $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(STAMP)
@@ -166,7 +166,7 @@ $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(STAMP)
 		-DTVMDSOOP_TESTS=OFF
 
 test-asan: $(ASAN_BUILD)/build.ninja
-	cmake --build $(ASAN_BUILD) --target tvm_dso_op tvmdsoop-probe
+	cmake --build $(ASAN_BUILD) --target tvm_dso_op tvmdsoop-probe tvmdsoop_eager_entry
 	. $(ASAN_BUILD)/env.sh && $(UBSAN_ENV) ASAN_OPTIONS=exitcode=66 go test -count=1 $(ASAN_GO_LDFLAGS) ./dsoop ./kernels
 	$(UBSAN_ENV) ASAN_OPTIONS=exitcode=66:detect_leaks=0 LD_PRELOAD="$(ASAN_PRELOAD)" \
 		TVMDSOOP_LIBRARY=$(abspath $(ASAN_BUILD))/libtvm_dso_op.so TVMDSOOP_PROBE=$(abspath $(ASAN_BUILD))/tvmdsoop-probe \

@@ -47,7 +47,10 @@ ALLOWED_NEEDED = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "li
 #: The op library sits in site-packages/tf_op/_ops/tfVERSION/, TensorFlow in site-packages/tensorflow/.
 RPATH = "$ORIGIN/../../../tensorflow"
 PACKAGES = ("tf_op", "tf_op_tvm")
-SHIPPED = ("libtvm_dso_op.so", "tvmdsoop_build.json", "tvmdsoop-probe")
+#: The eager entry is a CPython extension of the stable ABI (cmd/eager_entry/eager_entry.c):
+#: the wheel is for CPython 3.10 and later, any of them.
+SHIPPED = ("libtvm_dso_op.so", "tvmdsoop_build.json", "tvmdsoop-probe", "_eager_entry.abi3.so")
+TAG = f"cp310-abi3-{PLATFORM}"
 
 
 class AuditError(Exception):
@@ -127,7 +130,7 @@ def assemble(builds: dict[str, Path], out_dir: Path) -> Path:
     project = pyproject["project"]
     version = re.search(r'__version__\s*=\s*"([^"]+)"', (ROOT / "python/tf_op/_version.py").read_text()).group(1)
     dist_info = f"{project['name']}-{version}.dist-info"
-    tag = f"py3-none-{PLATFORM}"
+    tag = TAG
     out_dir.mkdir(parents=True, exist_ok=True)
     wheel_path = out_dir / f"{project['name']}-{version}-{tag}.whl"
     staging = out_dir / ".staging"
@@ -137,6 +140,7 @@ def assemble(builds: dict[str, Path], out_dir: Path) -> Path:
     entries: list[tuple[str, bytes, int]] = [(name, path.read_bytes(), 0o644) for name, path in _package_files()]
     for tf_version, folder in sorted(builds.items()):
         audit(folder / "libtvm_dso_op.so")
+        audit(folder / "_eager_entry.abi3.so")
         for name in SHIPPED:
             source = folder / name
             if name.endswith(".so"):

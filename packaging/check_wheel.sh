@@ -57,6 +57,9 @@ print(f"TensorFlow {tf.__version__}: add_one in a graph from the wheel's {_libra
 
 compiled = tf_op.compile(lambda v: tf.nn.relu(v) * 2.0, input_signature=[tf.TensorSpec([5], tf.float32)])
 np.testing.assert_array_equal(compiled(x - 2).numpy(), np.maximum(x - 2, 0) * 2)
+# Called eagerly through the wheel's eager entry (a CPython extension), not TF's op dispatch.
+(kept,) = compiled._state.compiled.values()
+assert type(kept.func._eager.call).__module__ == "tf_op._eager_entry", kept.func._eager.call
 # The second compile is the kept worker's: it links with ziglang again.
 halved = tf_op.compile(lambda v: v * 0.5, input_signature=[tf.TensorSpec([5], tf.float32)])
 np.testing.assert_array_equal(halved(x).numpy(), x * 0.5)

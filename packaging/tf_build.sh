@@ -34,4 +34,4 @@ fi
 
 echo "== TensorFlow $version: $build"
 cmake -S . -B "$build" -G Ninja -DPython3_EXECUTABLE="$python" "$@"
-cmake --build "$build" --target tvm_dso_op tvmdsoop-probe
+cmake --build "$build" --target tvm_dso_op tvmdsoop-probe tvmdsoop_eager_entry

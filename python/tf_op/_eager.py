@@ -9,7 +9,9 @@ inputs to the op library's ``TVMDSOOpEagerCall`` (kernels/eager_call.cc) as
 DLPack tensors and takes the outputs back the same way, without a copy: the
 same function, resolved by the op library as a kernel's is (the library's
 digest checked, its VMs shared with the op's kernels), called from C++, which
-checks what it returns against the declared outputs as the op does.
+checks what it returns against the declared outputs as the op does. The call
+itself is a CPython extension's (``_eager_entry.abi3.so``, cmd/eager_entry/eager_entry.c,
+built beside the op library): through ctypes and Python it cost 3 µs more.
 
 ``Func.run`` calls it only where the op would run the same way: eagerly, with
 no tape that could record the call (a gradient needs the op), no op callback
@@ -22,8 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
-from collections.abc import Sequence
+import importlib.machinery
+import importlib.util
+import logging
+import os
+from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import tensorflow as tf
 from tensorflow.python import pywrap_tfe  # what tf.experimental.dlpack calls, without its Python frames
@@ -31,31 +37,14 @@ from tensorflow.python.eager import context
 
 from tf_op import _library
 
-_USE_THE_OP = -1
+logger = logging.getLogger(__package__)
 
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
-_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_rename.restype = ctypes.c_int
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_new.restype = ctypes.py_object
-_capsule_unused = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_unused.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_unused.restype = ctypes.c_int
+#: The extension's file name, beside the op library (CMakeLists.txt).
+ENTRY_NAME = "_eager_entry.abi3.so"
 
-#: DLPack's DLManagedTensor, as far as a deleter: DLTensor (data, device,
-#: ndim, dtype, shape, strides, byte_offset), manager_ctx, deleter.
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _Managed(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", ctypes.c_int32 * 2), ("ndim", ctypes.c_int32),
-                ("dtype", ctypes.c_uint8 * 4), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("byte_offset", ctypes.c_uint64), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
-
+#: A function opened for eager calls: its inputs in, its outputs out, or None
+#: where the op must run it.
+EagerFunction = Callable[[list[tf.Tensor]], "list[tf.Tensor] | None"]
 
 #: An output as the op declares it: its dtype (None: the first input's) and
 #: shape (None: any; a dimension None: any).
@@ -75,17 +64,9 @@ _ERRORS: dict[int, type[tf.errors.OpError]] = {
     tf.errors.DATA_LOSS: tf.errors.DataLossError, tf.errors.UNAUTHENTICATED: tf.errors.UnauthenticatedError,
 }
 
-
-#: TF's DLPack exchange: the functions tf.experimental.dlpack's wrappers call,
-#: called directly (the wrappers' frames and context look-ups were a tenth of
-#: the Python in an eager call).
-_to_dlpack = pywrap_tfe.TFE_ToDlpackCapsule
-_from_dlpack_capsule = pywrap_tfe.TFE_FromDlpackCapsule
-
 #: The dtypes TF lends through DLPack (tf.experimental.dlpack's own list), as
-#: the enums an eager tensor gives at C speed (a tf.DType hashes in Python: a
-#: set of them took 0.5 µs a look-up).
-_LENDABLE = frozenset(d.as_datatype_enum for d in (
+#: a mask of the enums an eager tensor gives (``_datatype_enum()``).
+_LENDABLE = sum(1 << d.as_datatype_enum for d in (
     tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
     tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool, tf.complex64, tf.complex128))
 
@@ -95,8 +76,29 @@ def error(code: int, message: str) -> tf.errors.OpError:
     return _ERRORS.get(code, tf.errors.UnknownError)(None, None, message)
 
 
+def _load_entry(path: str) -> ModuleType | None:
+    """The extension beside the op library at ``path``, bound to it and to TF's
+    DLPack exchange (the functions tf.experimental.dlpack's wrappers call); None
+    where the op library was built without it (a Python without C headers)."""
+    entry_path = os.path.join(os.path.dirname(path), ENTRY_NAME)
+    spec = importlib.util.spec_from_file_location(
+        "tf_op._eager_entry", entry_path, loader=importlib.machinery.ExtensionFileLoader("tf_op._eager_entry", entry_path))
+    try:
+        entry = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(entry)
+    except ImportError as err:
+        logger.warning("tf_op: no eager entry beside the op library (%s), so eager calls run as TF ops "
+                       "(25-45 µs more each): %s", path, err)
+        return None
+    entry.bind(path, pywrap_tfe.TFE_ToDlpackCapsule, pywrap_tfe.TFE_FromDlpackCapsule, context.context, error,
+               _LENDABLE)
+    return entry
+
+
 @functools.lru_cache(maxsize=None)
-def _entry() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr]:
+def _entry() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ModuleType | None]:
+    """TVMDSOOpEagerOpen and TVMDSOOpEagerClose, through ctypes (once a
+    function), and the extension that calls (and closes) what they open."""
     handle = ctypes.POINTER(ctypes.c_void_p)
     message = ctypes.POINTER(ctypes.c_void_p)
     ints = ctypes.POINTER(ctypes.c_int)
@@ -104,9 +106,12 @@ def _entry() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ctypes._CFuncPtr]:
                                                       ctypes.c_int, ints, ints, ctypes.POINTER(ctypes.c_int64),
                                                       handle, message), ctypes.c_int)
     close = _library.c_function("TVMDSOOpEagerClose", (ctypes.c_void_p,), None)
-    call = _library.c_function("TVMDSOOpEagerCall", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                                     ctypes.c_int64, ctypes.c_void_p, message), ctypes.c_int)
-    return open_, close, call
+    return open_, close, _load_entry(str(_library.library_path()))
+
+
+def available() -> bool:
+    """Whether this op library has its eager entry."""
+    return _entry()[2] is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,90 +120,26 @@ def tf_may_place_on_a_gpu() -> bool:
     return bool(tf.config.list_logical_devices("GPU"))
 
 
-class EagerCall:
-    """One function of one library, resolved for eager calls on the CPU."""
-
-    def __init__(self, lib_path: str, func_name: str, sha256: str, declared: Sequence[Declared],
-                 alignment: int) -> None:
-        """``declared``: per output, its dtype and shape as the op declares them."""
-        open_, self._close, self._call = _entry()
-        num_outputs = len(declared)
-        dtypes = (ctypes.c_int * num_outputs)(*(0 if d is None else d.as_datatype_enum for d, _ in declared))
-        ranks = (ctypes.c_int * num_outputs)(*(-1 if s is None else len(s) for _, s in declared))
-        flat = [-1 if n is None else n for _, s in declared for n in s or ()]
-        dims = (ctypes.c_int64 * max(len(flat), 1))(*flat)
-        handle, message = ctypes.c_void_p(), ctypes.c_void_p()
-        code = open_(lib_path.encode(), func_name.encode(), sha256.encode(), num_outputs, dtypes, ranks, dims,
-                     ctypes.byref(handle), ctypes.byref(message))
-        if code != 0:
-            raise error(code, _library.take_string(message.value))
-        self._handle = handle.value
-        self._alignment = alignment
-        self._outputs_type = ctypes.c_void_p * num_outputs
-        #: Each thread's argument arrays, made once rather than on every call
-        #: (ctypes objects cost a few hundred ns each to make); per thread, as
-        #: threads may call one function at once.
-        self._buffers = threading.local()
-
-    def __del__(self) -> None:
-        handle = getattr(self, "_handle", None)
-        if handle is not None:
-            self._handle = None
-            self._close(handle)
-
-    def __call__(self, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor] | None:
-        """The function's outputs for ``inputs``, or None where the op must run
-        it (an input DLPack cannot lend, on another device, or not at the
-        function's alignment)."""
-        count = len(inputs)
-        buffers = self._buffers
-        pointers = getattr(buffers, "inputs", None)
-        if pointers is None or len(pointers) != count:
-            pointers = buffers.inputs = (ctypes.c_void_p * count)()
-            buffers.outputs, buffers.message = self._outputs_type(), ctypes.c_void_p()
-        outputs, message = buffers.outputs, buffers.message
-        capsules = []
-        for i, t in enumerate(inputs):
-            if t._datatype_enum() not in _LENDABLE:
-                return None  # TF's to_dlpack aborts the process on a string tensor: the op says what it takes
-            capsule = _to_dlpack(t)
-            capsules.append(capsule)
-            pointers[i] = _capsule_pointer(capsule, b"dltensor")
-        message.value = None
-        # ctypes passes the message by reference itself (the parameter is a pointer to its type).
-        code = self._call(self._handle, pointers, count, self._alignment, outputs, message)
-        if code == _USE_THE_OP:
-            return None
-        for c in capsules:  # the op library has taken each (and deleted it, or will)
-            _capsule_rename(c, b"used_dltensor")
-        if code != 0:
-            raise error(code, _library.take_string(message.value))
-        taken: list[tf.Tensor] = []
-        handle = context.context()._handle  # the eager context: initialized, as the inputs are its tensors
-        try:
-            for pointer in outputs:
-                taken.append(_take(pointer, handle))
-        except BaseException:
-            for pointer in outputs[len(taken) + 1:]:  # TF refused one: the views after it go back
-                _give_back(pointer)
-            raise
-        return taken
-
-
-def _take(pointer: int, context_handle: object) -> tf.Tensor:
-    """A TF tensor of a DLPack view the op library handed over, without a copy;
-    the view given back where TF refuses it (and has not taken it)."""
-    capsule = _capsule_new(pointer, b"dltensor", None)
+def open_function(lib_path: str, func_name: str, sha256: str, declared: Sequence[Declared],
+                  alignment: int) -> EagerFunction:
+    """One function of one library, opened for eager calls on the CPU: the
+    extension's Function, which takes a list of input tensors and returns the
+    outputs, or None where the op must run it (an input DLPack cannot lend,
+    on another device, or not at the function's alignment). ``declared``: per
+    output, its dtype and shape as the op declares them. Needs ``available()``."""
+    open_, close, entry = _entry()
+    num_outputs = len(declared)
+    dtypes = (ctypes.c_int * num_outputs)(*(0 if d is None else d.as_datatype_enum for d, _ in declared))
+    ranks = (ctypes.c_int * num_outputs)(*(-1 if s is None else len(s) for _, s in declared))
+    flat = [-1 if n is None else n for _, s in declared for n in s or ()]
+    dims = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+    handle, message = ctypes.c_void_p(), ctypes.c_void_p()
+    code = open_(lib_path.encode(), func_name.encode(), sha256.encode(), num_outputs, dtypes, ranks, dims,
+                 ctypes.byref(handle), ctypes.byref(message))
+    if code != 0:
+        raise error(code, _library.take_string(message.value))
     try:
-        return _from_dlpack_capsule(capsule, context_handle)
+        return entry.Function(handle.value, alignment, num_outputs)  # it closes the handle when it goes
     except BaseException:
-        if _capsule_unused(capsule, b"dltensor"):
-            _give_back(pointer)
+        close(handle.value)
         raise
-
-
-def _give_back(pointer: int) -> None:
-    """Calls a DLPack view's deleter: its owner's memory is released."""
-    managed = _Managed.from_address(pointer)
-    if managed.deleter:
-        managed.deleter(pointer)

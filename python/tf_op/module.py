@@ -274,7 +274,7 @@ class _EagerAttrs:
     attrs: dict[tf.DType | None, dict[str, Any]] = dataclasses.field(default_factory=dict)
     #: The function's entry for eager calls without the op (tf_op._eager): None
     #: until the first eager call makes it, False where the op always runs.
-    call: _eager.EagerCall | None | bool = None
+    call: _eager.EagerFunction | None | bool = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,18 +425,19 @@ class Func(tf.Module):
             call = self._eager.call = self._eager_call()
         return call(inputs) if call is not False else None
 
-    def _eager_call(self) -> _eager.EagerCall | bool:
+    def _eager_call(self) -> _eager.EagerFunction | bool:
         """The eager entry for this function, or False where the op always runs:
         a function with output buffers, a relay.build model, a GPU TF could put
         the op on, ``TVMDSOOP_EAGER_ENTRY=0`` (every eager call an op that TF's
-        profiler and tracing see)."""
+        profiler and tracing see), an op library built without the entry."""
         device = tf.DeviceSpec.from_string(self.device).device_type if self.device is not None else None
         if (os.environ.get("TVMDSOOP_EAGER_ENTRY", "1") == "0" or not self.returns or self.module.graph_files
-                or device not in (None, "CPU") or (device is None and _eager.tf_may_place_on_a_gpu())):
+                or device not in (None, "CPU") or (device is None and _eager.tf_may_place_on_a_gpu())
+                or not _eager.available()):
             return False
         declared = [(dtype, _checked_dims(shape)) for shape, dtype in zip(self._outputs.shapes, self._outputs.dtypes)]
         path = self.module.library_path.numpy().decode()
-        return _eager.EagerCall(path, self.func_name, self.module.sha256, declared, self.alignment)
+        return _eager.open_function(path, self.func_name, self.module.sha256, declared, self.alignment)
 
     def _op_attrs(self, inputs: list[tf.Tensor]) -> tuple[list[tf.Tensor], dict[str, Any]]:
         """The op's run-time output sizes and its other arguments, for these inputs.

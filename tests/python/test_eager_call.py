@@ -1,21 +1,23 @@
 """Eager calls of functions that return their outputs, without TF's op dispatch
-(tf_op._eager, kernels/eager_call.cc), and the calls that must stay the op's.
+(tf_op._eager, cmd/eager_entry/eager_entry.c, kernels/eager_call.cc), and the
+calls that must stay the op's.
 
 The other tests of returning functions and models (test_models.py: zero copy,
 copies, checks of what comes back) run eagerly, through this path, too."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import run_in_threads
+from helpers import run_in_threads, run_python
 
 import tf_op
-from tf_op import _eager
+from tf_op import _library
 
 
 @pytest.fixture
@@ -28,6 +30,11 @@ def cnn(models_dir: Path) -> tf_op.module.Func:
     return tf_op.Module(models_dir / "cnn_b4.so").func("main", output_shape=[4, 10])
 
 
+def _entry_of(func: tf_op.module.Func) -> str:
+    """Where the eager calls of ``func`` went: the extension's module for its entry."""
+    return type(func._eager.call).__module__
+
+
 def _images(seed: int) -> tf.Tensor:
     return tf.constant(np.random.default_rng(seed).standard_normal((4, 16, 16, 3)).astype(np.float32))
 
@@ -38,7 +45,7 @@ def test_an_eager_call_of_a_model_skips_the_op_with_the_ops_values(cnn: tf_op.mo
     values, and the op's (in a tf.function) to the bit."""
     x = _images(0)
     eager = cnn(x)
-    assert isinstance(cnn._eager.call, _eager.EagerCall)
+    assert _entry_of(cnn) == "tf_op._eager_entry"
     in_graph = tf.function(cnn)(x)
     np.testing.assert_array_equal(eager.numpy(), in_graph.numpy())
     keras_cnn = keras.models.load_model(models_dir / "cnn.keras")
@@ -126,7 +133,7 @@ def test_the_entry_checks_what_comes_back_as_the_op_does(ffi: tf_op.Module, decl
     x = tf.constant([1.0, 2.0])
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"'identity' of .*: {pattern}") as eager:
         identity(x)
-    assert isinstance(identity._eager.call, _eager.EagerCall)
+    assert _entry_of(identity) == "tf_op._eager_entry"
     with pytest.raises(tf.errors.InvalidArgumentError, match=pattern) as op:
         tf.function(identity)(x)
     assert eager.value.message in op.value.message
@@ -137,6 +144,38 @@ def test_outputs_of_the_first_inputs_dtype_pass_the_entrys_check(ffi: tf_op.Modu
     identity = ffi.func("identity", returns=True, output_shape=[None])
     x = tf.constant([1, 2, 3], dtype=dtype)
     got = identity(x)
-    assert isinstance(identity._eager.call, _eager.EagerCall)
+    assert _entry_of(identity) == "tf_op._eager_entry"
     assert got.dtype == dtype
     np.testing.assert_array_equal(got.numpy(), [1, 2, 3])
+
+
+def test_the_entry_refuses_what_is_not_a_list_of_tensors(ffi: tf_op.Module) -> None:
+    """Its own callers pass lists of eager tensors; anything else is a Python
+    error, not a crash, and the entry works on."""
+    identity = ffi.func("identity", returns=True)
+    x = tf.constant([1.0, 2.0])
+    identity(x)
+    call = identity._eager.call
+    with pytest.raises(TypeError, match="list"):
+        call((x,))
+    with pytest.raises(AttributeError, match="_datatype_enum"):
+        call([1.0])
+    np.testing.assert_array_equal(call([x])[0].numpy(), [1.0, 2.0])
+
+
+def test_an_op_library_without_its_eager_entry_runs_the_op(ffilib: str, tmp_path: Path) -> None:
+    """An op library with no _eager_entry.abi3.so beside it (built for a Python
+    without its C headers, or by other means): eager calls are the op's, and a
+    warning says why, naming the library."""
+    built = _library.library_path().parent
+    for name in (_library.LIBRARY_NAME, _library.BUILD_INFO_NAME, "tvmdsoop-probe"):
+        shutil.copy2(built / name, tmp_path / name)
+    script = (
+        "import sys, tensorflow as tf, tf_op\n"
+        "identity = tf_op.Module(sys.argv[1]).func('identity', returns=True)\n"
+        "print(identity(tf.constant([1.0, 2.0])).numpy().tolist(), identity._eager.call)\n"
+    )
+    run = run_python(script, ffilib, env={_library.LIBRARY_ENV: str(tmp_path / _library.LIBRARY_NAME)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[1.0, 2.0] False"
+    assert f"no eager entry beside the op library ({tmp_path / _library.LIBRARY_NAME})" in run.stderr

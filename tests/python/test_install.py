@@ -72,7 +72,7 @@ def test_sdist_carries_the_sources_the_build_needs(sdist: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     needed = {
         "pyproject.toml", "CMakeLists.txt", "LICENSE", "go.mod", "go.sum",
-        "cmd/tvm_dso_op/main.go", "cmd/probe/probe.c", "dsoop/dsoop.c", "dsoop/vm.c",
+        "cmd/tvm_dso_op/main.go", "cmd/probe/probe.c", "cmd/eager_entry/eager_entry.c", "dsoop/dsoop.c", "dsoop/vm.c",
         "kernels/ops.cc", "kernels/tvm_dso_op_kernel.cc", "kernels/call.h", "dlpack/dlpack.h",
         "python/tf_op/__init__.py", "python/tf_op/compiler/__init__.py", "python/tf_op_tvm/compile_model.py",
         "third_party/tvm-ffi/include/tvm/ffi/c_api.h", "third_party/tvm-ffi/LICENSE",
@@ -89,10 +89,11 @@ def _runpath(library: bytes, tmp_path: Path) -> str:
 
 
 def test_wheel_is_tagged_for_the_platform_and_built_for_this_tensorflow(wheel: Path, tmp_path: Path) -> None:
-    assert wheel.name.endswith("-py3-none-linux_x86_64.whl"), wheel.name
+    assert wheel.name.endswith("-cp310-abi3-linux_x86_64.whl"), wheel.name
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
-        assert {"tf_op/libtvm_dso_op.so", "tf_op/tvmdsoop-probe", "tf_op/tvmdsoop_build.json"} <= names
+        assert {"tf_op/libtvm_dso_op.so", "tf_op/tvmdsoop-probe", "tf_op/tvmdsoop_build.json",
+                "tf_op/_eager_entry.abi3.so"} <= names
         info = json.loads(whl.read("tf_op/tvmdsoop_build.json"))
         library = whl.read("tf_op/libtvm_dso_op.so")
         metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -106,21 +107,27 @@ def test_wheel_is_tagged_for_the_platform_and_built_for_this_tensorflow(wheel: P
     assert any("apache-tvm" in line and 'extra == "tvm"' in line for line in requires), requires
 
 
-def test_installed_package_runs_outside_the_repository(installed: Path, testlib: str, tmp_path: Path) -> None:
+def test_installed_package_runs_outside_the_repository(installed: Path, testlib: str, ffilib: str,
+                                                       tmp_path: Path) -> None:
+    """The op in a graph, and an eager call through the installed eager entry."""
     script = (
         "import json, sys, tensorflow as tf, tf_op\n"
         "add_one = tf_op.Module(sys.argv[1]).func('add_one')\n"
+        "identity = tf_op.Module(sys.argv[2]).func('identity', returns=True)\n"
+        "echoed = identity(tf.constant([4.0, 5.0])).numpy().tolist()\n"
         "print(json.dumps({'file': tf_op.__file__, 'library': str(tf_op.library_path()),\n"
-        "                  'version': tf_op.__version__,\n"
+        "                  'version': tf_op.__version__, 'echoed': echoed,\n"
+        "                  'entry': type(identity._eager.call).__module__,\n"
         "                  'values': add_one(tf.constant([1.0, 2.5])).numpy().tolist()}))\n"
     )
-    run = run_python(script, testlib, env=_user_env(PYTHONPATH=str(installed)), cwd=tmp_path)
+    run = run_python(script, testlib, ffilib, env=_user_env(PYTHONPATH=str(installed)), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["file"] == str(installed / "tf_op" / "__init__.py")
     assert out["library"] == str(installed / "tf_op" / "libtvm_dso_op.so")
     assert out["version"] == tf_op.__version__
     assert out["values"] == [2.0, 3.5]
+    assert (out["entry"], out["echoed"]) == ("tf_op._eager_entry", [4.0, 5.0])
 
 
 def test_library_built_for_another_tensorflow_is_refused_before_loading(installed: Path, tmp_path: Path) -> None:

@@ -60,8 +60,9 @@ def test_wheel_without_libraries_says_so(tmp_path: Path) -> None:
         _library.wheel_library(tmp_path / "_ops", tf.__version__)
 
 
-def test_audit_passes_what_every_system_has(build_wheel: ModuleType) -> None:
-    build_wheel.audit(_library.library_path().parent / "tvmdsoop-probe")  # libc only
+@pytest.mark.parametrize("name", ["tvmdsoop-probe", "_eager_entry.abi3.so"])
+def test_audit_passes_what_every_system_has(build_wheel: ModuleType, name: str) -> None:
+    build_wheel.audit(_library.library_path().parent / name)  # libc only
 
 
 def test_audit_refuses_a_folder_of_the_build_machine(build_wheel: ModuleType) -> None:
