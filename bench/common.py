@@ -61,6 +61,7 @@ TVM_BESIDE_TF: Final = {"TVM_NUM_THREADS": str(len(os.sched_getaffinity(0))), "T
 #: Each key's goal: (comparison, bound). The tuned bridge keys exist only with --tune.
 GOALS: Final[dict[str, tuple[str, float]]] = {
     "per_op_ratio_vs_tf_add": ("<=", 1.25),
+    "eager_ratio_vs_tf_add": ("<=", 1.0),
     "go_session_ratio_vs_tf_add": ("<=", 1.25),
     "large_ratio_vs_direct_tvm": ("<=", 1.05),
     "large_graph_ratio_vs_direct_tvm": ("<=", 1.05),

@@ -136,7 +136,25 @@ def overhead(rounds: int) -> Results:
     out.update({f"overhead_{name}_p{q}_per_op_us": seconds * 1e6 for name, seconds in slope.items()})
     for name, key in (("tvmdsoop_inplace", "per_op_ratio_vs_tf_add"), ("tvmdsoop", "per_op_ratio_vs_tf_add_allocating")):
         out[key] = slope[name] / slope["tf_add"] if min(slope[name], slope["tf_add"]) > 0 else float("nan")  # <= 0: noise
-    return {**out, "overhead_rounds": rounds}
+    return {**out, **eager_calls(x, rounds), "overhead_rounds": rounds}
+
+
+def eager_calls(x: tf.Tensor, rounds: int) -> Results:
+    """One eager call, outside any graph: ``x + 1`` compiled by ``tf_op.compile``
+    (through the op library's eager entry), its ``Func`` alone, and TF's own
+    eager ``tf.add`` (its op dispatch), on 1 float32."""
+    compiled = tf_op.compile(lambda t: t + 1.0, [tf.TensorSpec(x.shape, x.dtype)], cache_dir=BRIDGE_CACHE)
+    func = compiled.compile_for((tuple(x.shape),)).func
+    one = tf.constant(1.0)
+    calls: Contenders = {"eager_tf_add": lambda: tf.add(x, one), "eager_compiled": lambda: compiled(x),
+                         "eager_func": lambda: func(x)}
+    for name, call in calls.items():
+        got = call()
+        check(name, got[0] if isinstance(got, tuple) else got, x.numpy() + 1)  # the Func: a tuple of its outputs
+    t = interleave(calls, rounds=rounds, min_time=0.04)
+    out: Results = {f"overhead_{name}_us": t.median(name) * 1e6 for name in calls}
+    put(out, "eager_ratio_vs_tf_add", t.ratios("eager_compiled", "eager_tf_add"))
+    return out
 
 
 def py_function(rounds: int) -> Results:

@@ -22,6 +22,8 @@ Rows = list[tuple[str, str]]
 KEYS: Rows = [
     ("per_op_ratio_vs_tf_add", f"one application in a tf.function (slope of {PER_OP_CHAIN} over 1, p{PER_OP_PERCENTILE} of "
      "single calls), TVMDSOOp `inplace={0: 0}` / `tf.add`"),
+    ("eager_ratio_vs_tf_add", "one eager call, 1 float32: `x + 1` compiled by `tf_op.compile` (the eager entry) / "
+     "`tf.add` (TF's op dispatch)"),
     ("large_ratio_vs_direct_tvm", f"TVMDSOOp eager / direct tvm_ffi call into a buffer made once, {LARGE_KEY_SIZE} float32"),
     ("large_graph_ratio_vs_direct_tvm", "the same, TVMDSOOp in a tf.function (a fresh output each call)"),
     ("speedup_vs_py_function", f"`tf.py_function` + DLPack / TVMDSOOp, per application on {PY_FUNCTION_SIZE} float32"),
@@ -55,7 +57,8 @@ OPTIONAL_KEYS: Rows = [
 #: The details, by section (docs/benchmarks.md's prose says what each is).
 DETAILS: dict[str, list[str]] = {
     "Per-op ratios (1 and 3)": ["overhead_chain_ratio_vs_tf_add", "per_op_ratio_vs_tf_add_allocating",
-                              "speedup_vs_py_function_chain"],
+                              "speedup_vs_py_function_chain", "overhead_eager_tf_add_us", "overhead_eager_compiled_us",
+                              "overhead_eager_func_us"],
     "Go (6)": ["go_session_tvmdsoop_us", "go_session_tf_add_us", "go_session_tvmdsoop_allocating_us",
                "go_session_tf_add_grappler_default_us", "go_dsoop_call_ns", "go_dsoop_direct_c_ns"],
     "Memory (5, 10)": ["memory_baseline_mib", "memory_tf_add_extra_mib", "memory_tvmdsoop_extra_mib",

@@ -390,10 +390,17 @@ class Func(tf.Module):
         return tuple(attr)
 
     def __call__(self, *args: Any) -> tf.Tensor | tuple[tf.Tensor, ...]:
-        with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
-            inputs = [tf.convert_to_tensor(a) for a in args]
+        # Tensors go in as they are: tf.convert_to_tensor returns a tensor
+        # itself, at 2 µs (a third of an eager call through the entry).
+        inputs = [a if isinstance(a, tf.Tensor) else self._converted(a) for a in args]
         outputs = self.run(inputs)
         return tuple(outputs) if self.multiple_outputs else outputs[0]
+
+    def _converted(self, arg: Any) -> tf.Tensor:
+        """``arg`` (an array, a number, a variable...) as a tensor, made on the
+        function's device."""
+        with tf.device(self.device) if self.device is not None else contextlib.nullcontext():
+            return tf.convert_to_tensor(arg)
 
     def run(self, inputs: list[tf.Tensor]) -> list[tf.Tensor]:
         """The op's outputs, a list, for ``inputs``: tensors already, which it
