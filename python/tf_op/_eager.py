@@ -30,10 +30,12 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python import pywrap_tfe  # what tf.experimental.dlpack calls, without its Python frames
-from tensorflow.python.eager import context
+from tensorflow.python.eager import context, record
+from tensorflow.python.framework.ops import EagerTensor
 
 from tf_op import _library
 
@@ -92,6 +94,9 @@ def _load_entry(path: str) -> ModuleType | None:
         return None
     entry.bind(path, pywrap_tfe.TFE_ToDlpackCapsule, pywrap_tfe.TFE_FromDlpackCapsule, context.context, error,
                _LENDABLE)
+    entry.bind_compiled(EagerTensor, context.executing_eagerly, record.could_possibly_record)
+    global call_compiled
+    call_compiled = entry.call_compiled
     return entry
 
 
@@ -107,6 +112,17 @@ def _entry() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, ModuleType | None]:
                                                       handle, message), ctypes.c_int)
     close = _library.c_function("TVMDSOOpEagerClose", (ctypes.c_void_p,), None)
     return open_, close, _load_entry(str(_library.library_path()))
+
+
+def call_compiled(hits: dict[Any, tuple[EagerFunction, Callable[[list[tf.Tensor]], Any] | None]],
+                  dtype_enums: tuple[int, ...], args: tuple[Any, ...]) -> Any:
+    """A compiled function's outputs for ``args``, where it called their shapes
+    eagerly before through the entry, or None: for ``CompiledFunction.__call__``.
+    ``hits``: by the inputs' shapes, the opened function and how to pack its
+    outputs (None: the one output as it is). The extension's, once it is
+    loaded (cmd/eager_entry/eager_entry.c says when it takes a call); ``hits``
+    is empty until then."""
+    return None
 
 
 def available() -> bool:

@@ -17,7 +17,7 @@ import tensorflow as tf
 from helpers import run_in_threads, run_python
 
 import tf_op
-from tf_op import _library
+from tf_op import _eager, _library
 
 
 @pytest.fixture
@@ -149,17 +149,18 @@ def test_outputs_of_the_first_inputs_dtype_pass_the_entrys_check(ffi: tf_op.Modu
     np.testing.assert_array_equal(got.numpy(), [1, 2, 3])
 
 
-def test_the_entry_refuses_what_is_not_a_list_of_tensors(ffi: tf_op.Module) -> None:
-    """Its own callers pass lists of eager tensors; anything else is a Python
-    error, not a crash, and the entry works on."""
+def test_the_entry_refuses_what_is_not_a_sequence_of_tensors(ffi: tf_op.Module) -> None:
+    """Its own callers pass lists or tuples of eager tensors; anything else is
+    a Python error, not a crash, and the entry works on."""
     identity = ffi.func("identity", returns=True)
     x = tf.constant([1.0, 2.0])
     identity(x)
     call = identity._eager.call
-    with pytest.raises(TypeError, match="list"):
-        call((x,))
+    with pytest.raises(TypeError, match="not iterable"):
+        call(5)
     with pytest.raises(AttributeError, match="_datatype_enum"):
         call([1.0])
+    np.testing.assert_array_equal(call((x,))[0].numpy(), [1.0, 2.0])
     np.testing.assert_array_equal(call([x])[0].numpy(), [1.0, 2.0])
 
 
@@ -179,3 +180,56 @@ def test_an_op_library_without_its_eager_entry_runs_the_op(ffilib: str, tmp_path
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[1.0, 2.0] False"
     assert f"no eager entry beside the op library ({tmp_path / _library.LIBRARY_NAME})" in run.stderr
+
+
+def test_a_compiled_functions_next_eager_calls_are_the_extensions(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a compiled function has called a shape eagerly through the entry
+    (its first call compiles, its second runs the library), its eager calls of
+    that shape are the extension's (call_compiled, in C): the same values, in
+    the function's structure. A numpy input, another dtype, a new shape, a
+    tape and an op callback are the Python path's, as before."""
+    def f(a: tf.Tensor) -> dict:
+        return {"twice": a * 2.0, "parts": (a + 1.0, tf.reduce_sum(a))}
+
+    fast = tf_op.compile(f, [tf.TensorSpec([None, 3])], cache_dir=tmp_path)
+    x = tf.constant([[1.0, 2.0, 3.0]])
+    fast(x)
+    fast(x)
+    assert list(fast._state.hits) == [((1, 3),)]
+    taken: list[bool] = []
+    real = _eager.call_compiled
+    monkeypatch.setattr(_eager, "call_compiled", lambda *args: taken.append(real(*args) is not None) or real(*args))
+
+    def same(got: dict, want: dict) -> None:
+        tf.nest.map_structure(lambda g, w: np.testing.assert_array_equal(g.numpy(), w.numpy()), got, want)
+
+    same(fast(x), f(x))
+    assert taken == [True]
+    same(fast(x.numpy()), f(x))
+    with pytest.raises(ValueError, match="float64"):
+        fast(tf.constant(x.numpy(), tf.float64))
+    wider = tf.constant([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    same(fast(wider), f(wider))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        fast(x)
+    assert taken[1:] == [False, False, False, False]
+    same(fast(wider), f(wider))
+    same(fast(wider), f(wider))  # the new shape, called once more, is the extension's too
+    assert taken[-1] is True
+    tf.debugging.enable_check_numerics()
+    try:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="TVMDSOOp"):
+            fast(tf.constant([[np.nan, 0.0, 0.0]]))
+    finally:
+        tf.debugging.disable_check_numerics()
+    assert taken[-1] is False
+    inputs = [tf.constant(np.full((1, 3), k, np.float32)) for k in range(6)]
+
+    def worker(k: int) -> None:  # threads at once, each on its own input, through the extension
+        for _ in range(20):
+            same(fast(inputs[k]), f(inputs[k]))
+
+    run_in_threads(worker, len(inputs))
+    assert taken[-1] is True

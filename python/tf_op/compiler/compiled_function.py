@@ -19,6 +19,7 @@ from tensorflow.python.eager import record  # whether a tape records: TF has no 
 from tensorflow.python.framework.ops import EagerTensor  # its dtype enum, at C speed
 from tensorflow.python.ops import resource_variable_ops
 
+from tf_op import _eager
 from tf_op.compiler import cache, targets, tflite_conversion, unroll, worker
 from tf_op.compiler.progress import Progress
 from tf_op.compiler.errors import CompileError
@@ -60,6 +61,11 @@ class _Compiled:
     def _packed(self, flat: list[tf.Tensor]) -> Any:
         return tf.nest.pack_sequence_as(self.structure, flat) if self.nested else flat[0]
 
+    @property
+    def pack(self) -> Callable[[list[tf.Tensor]], Any] | None:
+        """What packs the flat outputs into the function's structure; None for one output."""
+        return functools.partial(tf.nest.pack_sequence_as, self.structure) if self.nested else None
+
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -83,6 +89,10 @@ class _State:
     #: The signature's TF dtype enums, which an eager tensor's own compare with
     #: at C speed (its ``dtype`` is a Python property: 0.3 µs an input).
     dtype_enums: tuple[int, ...] = ()
+    #: The shapes called eagerly through the op library's eager entry: its
+    #: function and how to pack the outputs (None: the one output), for
+    #: ``_eager.call_compiled``.
+    hits: dict[Shapes, tuple[Any, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dtype_enums = tuple(s.dtype.as_datatype_enum for s in self.input_signature)
@@ -125,6 +135,10 @@ class CompiledFunction(tf.Module):
 
     def __call__(self, *args: Any) -> Any:
         state = self._state
+        if state.hits:  # the eager entry's call of shapes it ran before, where it takes this one
+            outputs = _eager.call_compiled(state.hits, state.dtype_enums, args)
+            if outputs is not None:
+                return outputs
         if len(args) != len(state.input_signature):
             raise TypeError(f"tf_op.compile({state.name}): takes {len(state.input_signature)} inputs, got {len(args)}")
         eager = tf.executing_eagerly()
@@ -135,9 +149,16 @@ class CompiledFunction(tf.Module):
                    for a, s, e in zip(args, state.input_signature, state.dtype_enums)]
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
-        compiled = state.compiled.get(tuple([t._shape_tuple() for t in tensors])) if eager else None
+        key = tuple([t._shape_tuple() for t in tensors]) if eager else None
+        compiled = state.compiled.get(key) if eager else None
         if compiled is not None:
-            return self._recorded(compiled.outputs, tensors) if record.could_possibly_record() else compiled.outputs_unrecorded(tensors)
+            if record.could_possibly_record():
+                return self._recorded(compiled.outputs, tensors)
+            outputs = compiled.outputs_unrecorded(tensors)
+            entry = compiled.func._eager.call
+            if entry is not None and entry is not False and key not in state.hits:
+                state.hits[key] = (entry, compiled.pack)  # opened: the next calls of these shapes are its
+            return outputs
         shapes = [self._merged_shape(t, s, i) for i, (t, s) in enumerate(zip(tensors, state.input_signature))]
         if all(shape.is_fully_defined() for shape in shapes):
             static = tuple(tuple(s.as_list()) for s in shapes)
