@@ -11,7 +11,8 @@ same function, resolved by the op library as a kernel's is (the library's
 digest checked, its VMs shared with the op's kernels), called from C++, which
 checks what it returns against the declared outputs as the op does. The call
 itself is a CPython extension's (``_eager_entry.abi3.so``, cmd/eager_entry/eager_entry.c,
-built beside the op library): through ctypes and Python it cost 3 µs more.
+built beside the op library): through ctypes and Python it cost 3 µs more. So
+is a compiled function's repeated call of a shape (``call_compiled``).
 
 ``Func.run`` calls it only where the op would run the same way: eagerly, with
 no tape that could record the call (a gradient needs the op), no op callback
