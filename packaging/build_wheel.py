@@ -139,11 +139,10 @@ def assemble(builds: dict[str, Path], out_dir: Path) -> Path:
 
     entries: list[tuple[str, bytes, int]] = [(name, path.read_bytes(), 0o644) for name, path in _package_files()]
     for tf_version, folder in sorted(builds.items()):
-        audit(folder / "libtvm_dso_op.so")
-        audit(folder / "_eager_entry.abi3.so")
         for name in SHIPPED:
             source = folder / name
-            if name.endswith(".so"):
+            if name.endswith(".so"):  # the op library and the eager entry
+                audit(source)
                 source = _stripped(source, staging)
             entries.append((f"tf_op/_ops/tf{tf_version}/{name}", source.read_bytes(),
                             0o755 if name == "tvmdsoop-probe" else 0o644))

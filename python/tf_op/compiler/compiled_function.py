@@ -42,8 +42,9 @@ class _Compiled:
     func: Func
     structure: Any
     variables: tuple[tuple[tf.Variable, Any], ...]
-    #: Whether ``structure`` is nested (a tuple, dict...) rather than one tensor.
-    nested: bool
+    #: What packs the flat outputs into ``structure`` where it is nested (a
+    #: tuple, dict...); None where it is one tensor.
+    pack: Callable[[list[tf.Tensor]], Any] | None
 
     def outputs(self, tensors: Sequence[tf.Tensor]) -> Any:
         """The op's outputs for ``tensors`` (of the signature's dtypes already),
@@ -59,12 +60,7 @@ class _Compiled:
         return self._packed(flat if flat is not None else self.func.run(tensors))
 
     def _packed(self, flat: list[tf.Tensor]) -> Any:
-        return tf.nest.pack_sequence_as(self.structure, flat) if self.nested else flat[0]
-
-    @property
-    def pack(self) -> Callable[[list[tf.Tensor]], Any] | None:
-        """What packs the flat outputs into the function's structure; None for one output."""
-        return functools.partial(tf.nest.pack_sequence_as, self.structure) if self.nested else None
+        return self.pack(flat) if self.pack is not None else flat[0]
 
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -150,7 +146,7 @@ class CompiledFunction(tf.Module):
         # Eagerly, inputs of a shape compiled before: their library, without
         # merging shapes (a third of a small model's eager call).
         key = tuple([t._shape_tuple() for t in tensors]) if eager else None
-        compiled = state.compiled.get(key) if eager else None
+        compiled = state.compiled.get(key)  # None for key None: not eager
         if compiled is not None:
             if record.could_possibly_record():
                 return self._recorded(compiled.outputs, tensors)
@@ -327,7 +323,8 @@ class CompiledFunction(tf.Module):
         keras_variables = {id(v.value): v for v in state.layer.variables} if state.layer else {}
         variables = tuple((v, keras_variables.get(id(v), v)) for v in concrete.trainable_variables)
         structure = concrete.structured_outputs
-        return _Compiled(lib_path, func, structure, variables, tf.nest.is_nested(structure))
+        pack = functools.partial(tf.nest.pack_sequence_as, structure) if tf.nest.is_nested(structure) else None
+        return _Compiled(lib_path, func, structure, variables, pack)
 
     def __repr__(self) -> str:
         return f"tf_op.compile({self._state.name}, target={self.target!r}, shapes={list(self._state.compiled)})"
