@@ -634,6 +634,68 @@ def test_dense_weights_that_are_constants_are_packed_at_compile_time(target: dic
     assert out["constant"]["error"] < 1e-5 and out["input"]["error"] < 1e-5, out
 
 
+#: Run on the TVM Python: a dense layer of 64 rows, 128 -> 512, with a bias
+#: epilogue and with exact GELU's, through compile_model's CPU pipeline for the
+#: target in argv[2]: whether the product's kernel calls
+#: TVMBackendAllocWorkspace, and (where argv[3] says this CPU runs the target)
+#: the largest error against numpy, relative to the largest.
+_EPILOGUE_TILES = """
+import json, math, sys
+import numpy as np, tvm
+from tvm import relax
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm import compile_model
+compile_model.math_lowering.register()
+target = tvm.target.Target(json.loads(sys.argv[2]))
+rng, out = np.random.default_rng(0), {}
+x, w, b = (rng.standard_normal(shape).astype("float32") for shape in ((64, 128), (128, 512), (512,)))
+erf = np.vectorize(math.erf)
+wants = {"bias": x @ w + b, "gelu": (x @ w) * (0.5 + erf((x @ w).astype("float64") / math.sqrt(2)) * 0.5)}
+for epilogue, want in wants.items():
+    xv = relax.Var("x", relax.TensorType((64, 128), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(xv, relax.const(w)))
+            if epilogue == "bias":
+                y = bb.emit(relax.op.add(y, relax.const(b)))
+            else:
+                e = bb.emit(relax.op.erf(bb.emit(relax.op.multiply(y, relax.const(0.70710678, "float32")))))
+                y = bb.emit(relax.op.multiply(y, bb.emit(relax.op.add(relax.const(0.5, "float32"),
+                                                                         relax.op.multiply(e, relax.const(0.5, "float32"))))))
+            y = bb.emit_output(y)
+        bb.emit_func_output(y)
+    lowered = compile_model.cpu_pipeline(target)(bb.get())
+    products = [(g.name_hint, f) for g, f in lowered.functions.items()
+                if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in g.name_hint and "prepack" not in g.name_hint.replace("prepacked", "")]
+    workspace = ["TVMBackendAllocWorkspace" in tvm.compile(f.with_attr("global_symbol", name), target=target).mod.inspect_source("ll")
+                 for name, f in products]
+    error = None
+    if sys.argv[3] == "runs":
+        vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
+                                  tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        error = float(np.abs(got - want).max() / np.abs(want).max())
+    out[epilogue] = {"workspace": workspace, "error": error}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS[:2])
+def test_product_tiles_with_an_epilogue_stay_off_the_workspace_allocator(target: dict[str, str]) -> None:
+    """A product with an epilogue (a bias, exact GELU) sums each register tile
+    in a buffer under 1 KiB that TVM puts on the stack (and LLVM in registers),
+    not one it allocates and frees with calls of TVMBackendAllocWorkspace for
+    every tile (AVX2's transformer block at batch 8 1.10x as fast so); the
+    values are numpy's. Compiled for SSE and AVX2 (tiles of 1 KiB, AVX-512's
+    4 x 64, still take the calls), run where this CPU can."""
+    runs = target["mcpu"] == "x86-64" or {"avx2", "fma"} <= _HOST_FLAGS
+    out = run_tvm_script(_EPILOGUE_TILES, str(TVM_PACKAGE.parent), json.dumps(target), "runs" if runs else "compiles",
+                         timeout=300)
+    assert {name: cell["workspace"] for name, cell in out.items()} == {"bias": [False], "gelu": [False]}, out
+    assert all(cell["error"] is None or cell["error"] < 1e-5 for cell in out.values()), out
+
+
 #: Run on the TVM Python: softmax and a mean over rows of 64 (whole vectors
 #: on every level), scheduled by the row-reduction rule: each reduction's
 #: block along the row (rfactor's) and whether its innermost loop is a vector,
@@ -658,11 +720,11 @@ for name, op, want in (("softmax", topi.nn.softmax(x), np.exp(data) / np.exp(dat
         for block in sch.get_child_blocks(sch.get_sblock("root")):
             if sch.get(block).name_hint.endswith("_rf_update"):
                 in_vectors[sch.get(block).name_hint] = sch.get(sch.get_loops(block)[-1]).kind == tirx.ForKind.VECTORIZED
-        got = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+        got, error = tvm.runtime.tensor(np.zeros(want.shape, "float32")), None
         if mcpu != "x86-64-v4" or "avx512f" in sys.argv[2]:
             tvm.compile(sch.mod, target=target)(tvm.runtime.tensor(data), got)
-        out[f"{name} {mcpu}"] = {"in_vectors": in_vectors,
-                                 "error": float(np.abs(got.numpy() - want).max() / np.abs(want).max())}
+            error = float(np.abs(got.numpy() - want).max() / np.abs(want).max())
+        out[f"{name} {mcpu}"] = {"in_vectors": in_vectors, "error": error}
 print(json.dumps(out))
 """
 
@@ -675,7 +737,8 @@ def test_row_reductions_sum_and_take_maxima_in_vectors() -> None:
         softmax, mean = out[f"softmax {mcpu}"], out[f"mean {mcpu}"]
         assert softmax["in_vectors"] == {"T_softmax_maxelem_rf_update": True, "T_softmax_expsum_rf_update": True}, out
         assert list(mean["in_vectors"].values()) == [True], out
-    assert all(v["error"] < 1e-6 for v in out.values()), out
+    # The AVX-512 library runs only where the CPU has AVX-512 (error None elsewhere).
+    assert all(v["error"] < 1e-6 for k, v in out.items() if v["error"] is not None or "avx512f" in _HOST_FLAGS), out
 
 
 #: Run on the TVM Python: softmax over rows of several sizes, scheduled by the
