@@ -80,7 +80,7 @@ from typing import Any
 
 if __package__:
     from tf_op_tvm import (batch_split, cpu_schedule, expansion_fusion, layer_norms, level_processes, math_lowering,
-                           split_slices, stacked_products, weight_layouts, winograd)
+                           scaled_products, split_slices, stacked_products, weight_layouts, winograd)
     from tf_op_tvm.cpu_schedule.fallback import schedule_blocks
 else:  # run by path (never through the package: another tf_op_tvm may come first on this Python's path)
     import batch_split
@@ -89,6 +89,7 @@ else:  # run by path (never through the package: another tf_op_tvm may come firs
     import layer_norms
     import level_processes
     import math_lowering
+    import scaled_products
     import split_slices
     import stacked_products
     import weight_layouts
@@ -484,12 +485,10 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
         # Each kernel knows which of its inputs are the model's weights (as in
         # cpu_pipeline), so that MetaSchedule's candidates may repack them at
         # compile time as the default schedules do, and are timed without it.
-        # Winograd's convolutions, layer norms and steps first, as in cpu_pipeline:
-        # their transforms and products, one kernel a layer norm or step, are the
-        # kernels tuned.
-        mod = tvm.transform.Sequential([winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
-                                        stacked_products.group_steps(),
-                                        relax.transform.DecomposeOpsForInference(),
+        # The model's rewrites first, as in cpu_pipeline: the kernels they make
+        # (Winograd's transforms and products, one a layer norm or step) are
+        # the kernels tuned.
+        mod = tvm.transform.Sequential([*model_rewrites(progress), relax.transform.DecomposeOpsForInference(),
                                         relax.transform.CanonicalizeBindings(),
                                         relax.get_pipeline("zero"),
                                         relax.transform.AttachAttrLayoutFreeBuffers()])(mod)
@@ -670,6 +669,15 @@ def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]
     return (tuned if kept == "tuned" else untuned), {**timings, "kept": kept}
 
 
+def model_rewrites(report: Callable[[str], None]) -> list[Any]:
+    """The Relax passes that run on the model before TVM's own for a CPU
+    (``cpu_pipeline``'s first, and ``tune``'s, whose kernels they make):
+    Winograd's convolutions, each layer norm one function, each step of a
+    recurrence one function, a reshaped product's scale its epilogue."""
+    return [winograd.winograd_convolutions(report), layer_norms.fuse_layer_norms(), stacked_products.group_steps(),
+            scaled_products.scale_before_reshape()]
+
+
 def cpu_pipeline(target: Any) -> Any:
     """TVM's default CPU pipeline (``relax.backend.cpu_generic``, what
     ``tvm.compile`` runs for an llvm target) with steps added once the
@@ -683,9 +691,10 @@ def cpu_pipeline(target: Any) -> Any:
     stride-2 depthwise one after it become one function (``expansion_fusion``).
     First of all, 3x3 convolutions of stride 1 become Winograd's transforms
     and matrix products (``winograd``), which ``cpu_schedule`` schedules too,
-    each layer normalization one function (``layer_norms``), and each step of
+    each layer normalization one function (``layer_norms``), each step of
     a recurrence that slices a stacked product one function with its own
-    product (``stacked_products.group_steps``).
+    product (``stacked_products.group_steps``), and a reshaped product's
+    scale its epilogue (``scaled_products``).
 
     Unscheduled, TVM runs the loop nests TOPI wrote, which put the reductions
     innermost: a convolution's innermost loop runs over 3 input channels, a
@@ -730,8 +739,7 @@ def cpu_pipeline(target: Any) -> Any:
     def pipeline(mod: Any, _ctx: Any) -> Any:
         with target:
             return tvm.transform.Sequential([
-                winograd.winograd_convolutions(progress), layer_norms.fuse_layer_norms(),
-                stacked_products.group_steps(), *cpu.library_dispatch_passes(target),
+                *model_rewrites(progress), *cpu.library_dispatch_passes(target),
                 *legalize[:fuse_tir], expansion_fusion.fuse_expansions(
                     target, cpu_schedule.expansion.ExpansionDepthwise.for_target(target), progress),
                 *legalize[fuse_tir:],

@@ -124,12 +124,12 @@ import tvm
 from tvm import tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu
 sys.path.insert(0, sys.argv[1])
-import compile_model, cpu_schedule, layer_norms, stacked_products
+import compile_model, cpu_schedule
 target = tvm.target.Target(json.loads(sys.argv[3]))
 mod = compile_model.import_tflite(Path(sys.argv[2]).read_bytes())
 with target:
-    mod = tvm.transform.Sequential([layer_norms.fuse_layer_norms(), stacked_products.group_steps(),
-                                    *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)])(mod)
+    mod = tvm.transform.Sequential([*compile_model.model_rewrites(lambda _: None), *cpu.library_dispatch_passes(target),
+                                    *cpu.legalize_passes(target)])(mod)
 taken, threaded = {}, []
 for gvar, func in mod.functions.items():
     if isinstance(func, tirx.PrimFunc):
@@ -178,7 +178,62 @@ def test_rules_take_the_transformer_blocks_loop_nests(target: dict[str, str], tm
     assert len(layer_norms) == 1 and taken[layer_norms[0]] == "RowReduction", taken
     assert "rsqrt" in layer_norms[0] and "multiply" in layer_norms[0], taken
     assert [taken[name] for name in taken if "erf" in name] == ["Matmul"], taken
-    assert [name for name, rule in taken.items() if rule is None] == ["reshape4"], taken
+    # The plain reshapes, which Relax runs as views: the scores' (after their
+    # product and its scale) among them.
+    assert {taken[name] for name in taken if name.startswith("reshape")} == {None}, taken
+    assert [name for name, rule in taken.items() if rule is None and not name.startswith("reshape")] == [], taken
+
+
+def test_the_attentions_scale_is_its_scores_products_epilogue(tmp_path: Path) -> None:
+    """Keras's attention scales its scores after their product, which TFLite
+    reshapes from (batch x heads, T, T) to (batch, heads, T, T) in between:
+    the scale is moved before the reshape (``scaled_products``), so it runs
+    on the product's tiles instead of as a kernel of its own, and the reshape
+    is a view. The values are the same to the bit (checked against Keras in
+    test_scheduled_models_match_keras)."""
+    taken = _rules_taken(_transformer(), (8, 64, 128), {"kind": "llvm", "mcpu": "x86-64-v3"}, tmp_path)
+    scaled = [name for name in taken if "matmul" in name and "multiply" in name and "erf" not in name]
+    assert [taken[name] for name in scaled] == ["Matmul"], taken
+    assert [name for name in taken if "multiply" in name and "matmul" not in name and "mean" not in name] == [], taken
+
+
+def test_a_scale_moves_before_a_reshape_only_when_it_is_a_scalar_of_the_products_dtype() -> None:
+    """The pass's cases: a scalar of the product's dtype, on either side, moves;
+    a vector (which broadcasts along the reshaped axes) does not."""
+    out = run_tvm_script(_SCALE_CASES, str(TVM_PACKAGE.parent), timeout=300)
+    assert out == {"scalar": True, "scalar first": True, "vector": False}, out
+
+
+#: Run on the TVM Python: ``multiply(reshape(matmul(a, b)), c)`` through the
+#: pass, for a scalar c after and before, and a vector c: whether the multiply
+#: now comes before the reshape, and that the values did not change.
+_SCALE_CASES = """
+import json, sys
+import numpy as np, tvm
+from tvm import relax
+sys.path.insert(0, sys.argv[1])
+from tf_op_tvm import scaled_products
+rng, out = np.random.default_rng(0), {}
+a, b = rng.standard_normal((4, 8, 16)).astype("float32"), rng.standard_normal((4, 16, 8)).astype("float32")
+for case, c in (("scalar", np.float32(0.177)), ("scalar first", np.float32(0.177)),
+                ("vector", rng.standard_normal(8).astype("float32"))):
+    av, bv = relax.Var("a", relax.TensorType(a.shape, "float32")), relax.Var("b", relax.TensorType(b.shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [av, bv]):
+        with bb.dataflow():
+            r = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(av, bv)), (2, 2, 8, 8)))
+            scale = relax.const(c)
+            y = bb.emit_output(bb.emit(relax.op.multiply(scale, r) if case == "scalar first" else relax.op.multiply(r, scale)))
+        bb.emit_func_output(y)
+    before = bb.get()
+    after = scaled_products.scale_before_reshape()(before)
+    ops = [binding.value.op.name for binding in after["main"].body.blocks[0].bindings if hasattr(binding.value, "op")]
+    results = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy() for m in (before, after)]
+    assert np.array_equal(*results), case
+    out[case] = ops.index("relax.multiply") < ops.index("relax.reshape")
+print(json.dumps(out))
+"""
 
 
 def _layer_norm(center: bool, scale: bool, epsilon: float) -> keras.Model:
