@@ -30,8 +30,8 @@ def scale_before_reshape() -> Any:
 
     def rewrite(call: Any, matched: dict[Any, Any]) -> Any:
         factor = matched[scale]
-        if factor.ty.ndim != 0 or factor.ty.dtype != matched[product].ty.dtype:
-            return call  # a tensor broadcasts along the reshaped axes; another dtype would promote
+        if factor.ty.ndim != 0:
+            return call  # a tensor broadcasts along the reshaped axes
         return relax.op.reshape(relax.op.multiply(matched[product], factor), matched[reshaped].args[1])
 
     @relax.transform.function_pass(opt_level=0, name="tvmdsoop.ScaleBeforeReshape")

@@ -237,8 +237,9 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
         reduction_start = loops[red]
     else:
         # For each chunk of rows and column tile: for each chunk of k, every
-        # row tile of the chunk in turn. The tiles' sums wait in C (or the
-        # epilogue's buffer) between chunks of k.
+        # row tile of the chunk in turn. The tiles' sums wait in C (the
+        # output, or with an epilogue the function's C, a chunk of rows)
+        # between chunks of k.
         kc, row_tiles = chunk
         mo_outer, mo_inner = sch.split(mo, [None, row_tiles])
         ko, ki = sch.split(loops[red], [None, kc])
@@ -254,7 +255,8 @@ def schedule_matmul(sch: Any, target: Any) -> Any:
     # calls of TVMBackendAllocWorkspace (AVX2's 4 x 16 tiles: a 512x128 by
     # 128x512 product 1.23x as fast with a bias, 1.20x with exact GELU, the
     # values the same). A tile of 1 KiB or more (AVX-512's 4 x 64) still
-    # takes the calls.
+    # takes the calls, as does a chunk's C (its rows, up to CHUNK_ROWS_BYTES),
+    # once a chunk of rows and column tile.
     if epilogue is not None:
         sch.reverse_compute_at(epilogue, outer[-1], preserve_unit_loops=True)
         # The tile's loops in the epilogue: the last is C's row, vectorized;
