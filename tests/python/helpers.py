@@ -64,14 +64,26 @@ def host_cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+#: Run before every script of run_tvm_script: what the scripts share.
+_TVM_SCRIPT_PRELUDE = """
+def allocates_workspace(func, name, target):
+    \"\"\"Whether PrimFunc func, compiled for target as name, calls
+    TVMBackendAllocWorkspace: a buffer that TVM did not put on the stack (1 KiB
+    and more), allocated and freed with calls each time its loop comes round.\"\"\"
+    import tvm
+    code = tvm.compile(func.with_attr("global_symbol", name), target=target).mod.inspect_source("ll")
+    return "TVMBackendAllocWorkspace" in code
+"""
+
+
 def run_tvm_script(script: str, *args: str, timeout: int = 600, **environment: str) -> Any:
     """What ``script`` (Python source) prints as JSON on its last line, run
     with ``args`` on the TVM Python (the compile worker's), on two of TVM's
     threads, with ``environment`` added; a script that fails fails the test
-    with its stderr."""
+    with its stderr. The script may call ``allocates_workspace`` (above)."""
     from conftest import TVM_PYTHON
 
-    result = subprocess.run([TVM_PYTHON, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+    result = subprocess.run([TVM_PYTHON, "-c", _TVM_SCRIPT_PRELUDE + script, *args], capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])

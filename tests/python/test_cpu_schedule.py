@@ -723,8 +723,7 @@ for epilogue, want in wants.items():
     lowered = compile_model.cpu_pipeline(target)(bb.get())
     products = [(g.name_hint, f) for g, f in lowered.functions.items()
                 if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in g.name_hint and not g.name_hint.endswith("weight_prepack")]
-    workspace = ["TVMBackendAllocWorkspace" in tvm.compile(f.with_attr("global_symbol", name), target=target).mod.inspect_source("ll")
-                 for name, f in products]
+    workspace = [allocates_workspace(f, name, target) for name, f in products]
     error = None
     if sys.argv[3] == "runs":
         vm = relax.VirtualMachine(tvm.compile(bb.get(), target=target, relax_pipeline=compile_model.cpu_pipeline(target)),

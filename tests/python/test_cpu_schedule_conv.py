@@ -142,14 +142,13 @@ for case in json.loads(sys.argv[3]):
     ranks = [[len(p.shape) for p in f.params] for g, f in lowered.functions.items()
              if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in g.name_hint]
     # Whether the convolution's own code allocates with a call (its tile, its packed weights).
-    code = [tvm.compile(legal[name].with_attr("global_symbol", name), target=target).mod.inspect_source("ll")
-            for name in kernels if "conv2d" in name]
+    workspace = [allocates_workspace(legal[name], name, target) for name in kernels if "conv2d" in name]
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
     y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
     parallel = ["T.parallel(" in legal[name].script() for name in kernels if "conv2d" in name]
     results.append({"taken": taken, "kernels": kernels, "error": float(np.abs(y - ref).max() / np.abs(ref).max()),
-                    "workspace": ["TVMBackendAllocWorkspace" in ll for ll in code], "ranks": ranks,
+                    "workspace": workspace, "ranks": ranks,
                     "parallel": parallel})
 print(json.dumps(results))
 """

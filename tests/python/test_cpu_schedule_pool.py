@@ -75,8 +75,7 @@ for case in json.loads(sys.argv[3]):
              if isinstance(f, tvm.tirx.PrimFunc) and "pool" in g.name_hint]
     taken = [bool(f.attrs.get("tirx.is_scheduled")) for _, f in pools]
     # Whether the pool's own code allocates a buffer (an epilogue's row) with a call.
-    workspace = ["TVMBackendAllocWorkspace" in tvm.compile(f.with_attr("global_symbol", name), target=target)
-                 .mod.inspect_source("ll") for name, f in pools]
+    workspace = [allocates_workspace(f, name, target) for name, f in pools]
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
     y = vm["main"](tvm.runtime.tensor(x)).numpy()

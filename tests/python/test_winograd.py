@@ -120,9 +120,8 @@ for case in cases:
         if isinstance(f, tvm.tirx.PrimFunc) and "winograd" in g.name_hint:
             sch = tvm.s_tir.Schedule(f)
             rows = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("_rows")]
-            code = tvm.compile(f.with_attr("global_symbol", g.name_hint), target=target).mod.inspect_source("ll")
             scheduled[g.name_hint] = (bool(f.attrs.get("tirx.is_scheduled")) and len(rows) == 1
-                                      and "TVMBackendAllocWorkspace" not in code)
+                                      and not allocates_workspace(f, g.name_hint, target))
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=compile_model.cpu_pipeline(target)),
                               tvm.cpu())
     y = vm["main"](*map(tvm.runtime.tensor, values)).numpy()
