@@ -605,14 +605,51 @@ def try_lock(lock: Any) -> bool:
 
 def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: float) -> int:
     """Tunes ``tasks`` (MetaSchedule's extracted tasks) with ``trials`` measured
-    candidates shared evenly among them, into ``database``. Returns how many
-    candidates built and ran."""
+    candidates shared evenly among those MetaSchedule can search, into
+    ``database``. Returns how many candidates built and ran: 0 where it can
+    search none."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
+        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
+        searchable = [(context, weight) for task, context, weight in zip(tasks, contexts, weights, strict=True)
+                      if has_design_space(task, context)]
+        if not searchable:
+            return 0
+        return tune_contexts([c for c, _ in searchable], [w for _, w in searchable], work_dir, trials, database,
+                             start)
+
+
+def has_design_space(task: Any, context: Any) -> bool:
+    """Whether MetaSchedule makes a design space for ``task`` (its ``context``):
+    its rules fail on some kernels (MultiLevelTiling's reverse_compute_at on a
+    product whose epilogue reads another producer, as an LSTM step's at batch 8
+    does), and their error, raised while the search starts, would end the whole
+    tuning. Such a kernel is left out of the search and keeps its default
+    schedule; said."""
+    from tvm.s_tir import ScheduleError
+
+    try:
+        context.generate_design_space()
+    except ScheduleError as err:
+        reason = next((line for line in str(err).splitlines() if line.startswith("Error message:")),
+                      str(err).splitlines()[0] if str(err) else "")
+        progress(f"MetaSchedule cannot search {task.task_name} (its design space failed: ScheduleError: "
+                 f"{reason.removeprefix('Error message:').strip()}): it keeps its default schedule")
+        return False
+    return True
+
+
+def tune_contexts(contexts: list[Any], weights: list[float], work_dir: str, trials: int, database: Any,
+                  start: float) -> int:
+    """MetaSchedule's search of ``contexts`` (their task weights ``weights``),
+    ``trials`` candidates shared evenly among them; how many built and ran."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
-    per_task = max(1, -(-trials // len(tasks)))
-    progress(f"tuning {len(tasks)} kernels, {trials} trials in all (up to {per_task} each): "
+    per_task = max(1, -(-trials // len(contexts)))
+    progress(f"tuning {len(contexts)} kernels, {trials} trials in all (up to {per_task} each): "
              "MetaSchedule's own log follows on stderr")
 
     @derived_object
@@ -633,13 +670,11 @@ def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: fl
                      f"({time.perf_counter() - start:.0f} s)")
 
     counter = Progress()
-    with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
-        ms.tune.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
-            max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
-            builder=ms.builder.LocalBuilder(f_build=build_candidate), database=database,
-            measure_callbacks=[*ms.MeasureCallback.create("default"), counter])
+    ms.tune.tune_tasks(
+        tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
+        max_trials_per_task=per_task, num_trials_per_iter=min(64, per_task),
+        builder=ms.builder.LocalBuilder(f_build=build_candidate), database=database,
+        measure_callbacks=[*ms.MeasureCallback.create("default"), counter])
     return counter.working
 
 

@@ -651,6 +651,27 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text)
 
 
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuning_skips_kernels_metaschedule_cannot_search(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An LSTM's steps at batch 8 each read their slice of the stacked input
+    product in the recurrent product's epilogue (stacked_products.group_steps):
+    MetaSchedule's tiling rule fails to make such a kernel's design space, and
+    its error had ended the whole tuning, so the model did not compile. Such a
+    kernel keeps its default schedule, the others are tuned, the logits are
+    Keras's."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3, 8)), keras.layers.LSTM(16), keras.layers.Dense(3)])
+    x = _inputs(8, 3, 8)
+    caplog.set_level(logging.INFO, logger="tf_op.compiler")
+    tuned = compile(model, cache_dir=tmp_path, tune=8, batch_sizes=[8])
+    np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
+    skipped = re.findall(r"MetaSchedule cannot search (\S+) \(its design space failed: ScheduleError", caplog.text)
+    assert skipped and all("matmul" in name for name in skipped), caplog.text
+    searched = re.search(r"tuning ([0-9]+) kernels, 8 trials in all", caplog.text)
+    assert searched and int(searched[1]) > 0, caplog.text
+
+
 def _default_schedule_records(cache_dir: Path) -> int:
     """Records in the tuning databases under ``cache_dir`` (MetaSchedule's JSON
     lines: a workload's index, then the trace, a list of instructions and their
