@@ -481,17 +481,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
         target_json = {**target_json, "num-cores": psutil.cpu_count(logical=False) or 1}
     target = tvm.target.Target(target_json)
     start = time.perf_counter()
-    with target:
-        # Each kernel knows which of its inputs are the model's weights (as in
-        # cpu_pipeline), so that MetaSchedule's candidates may repack them at
-        # compile time as the default schedules do, and are timed without it.
-        # The model's rewrites first, as in cpu_pipeline: the kernels they make
-        # (Winograd's transforms and products, one a layer norm or step) are
-        # the kernels tuned.
-        mod = tvm.transform.Sequential([*model_rewrites(progress), relax.transform.DecomposeOpsForInference(),
-                                        relax.transform.CanonicalizeBindings(),
-                                        relax.get_pipeline("zero"),
-                                        relax.transform.AttachAttrLayoutFreeBuffers()])(mod)
+    mod = kernels_to_tune(mod, target)
     tasks = ms.relax_integration.extract_tasks(mod, target)
 
     def has_record(task: Any) -> bool:
@@ -528,6 +518,39 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
             mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     progress(f"tuned {tuned} of {len(tasks)} kernels in {time.perf_counter() - start:.2f} s")
     return mod, target
+
+
+def kernels_to_tune(mod: Any, target: Any) -> Any:
+    """``mod`` lowered to the loop nests MetaSchedule extracts its tasks from:
+    the model's rewrites first, as in cpu_pipeline (the kernels they make,
+    Winograd's transforms and products, one a layer norm or step, are the
+    kernels tuned), TVM's ``zero`` pipeline, then which of each loop nest's
+    inputs are the model's weights (as in cpu_pipeline), so that
+    MetaSchedule's candidates may repack them at compile time as the default
+    schedules do, and are timed without it. Only loop nests with a reduction
+    (convolutions, matrix products: the kernels whose weights a schedule
+    repacks) keep that list: MetaSchedule's RewriteLayout repacks a weight by
+    one of the ways its block reads it, and an elementwise kernel with its
+    producers inlined reads one weight several ways (an LSTM step's bias at
+    each gate's offset, which it rewrote as 64 values of 256: the tuned
+    model's outputs were 20 % wrong). No default schedule repacks an
+    elementwise kernel's weights."""
+    import tvm
+    from tvm import relax, s_tir, tirx
+
+    with target:
+        mod = tvm.transform.Sequential([*model_rewrites(progress), relax.transform.DecomposeOpsForInference(),
+                                        relax.transform.CanonicalizeBindings(),
+                                        relax.get_pipeline("zero"),
+                                        relax.transform.AttachAttrLayoutFreeBuffers()])(mod)
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc) or not (func.attrs and func.attrs.get("layout_free_buffers")):
+            continue
+        sch = s_tir.Schedule(func)
+        if not any(cpu_schedule.rule.has_reduction(sch.get(block))
+                   for block in sch.get_child_blocks(sch.get_sblock("root"))):
+            mod[gvar] = func.without_attr("layout_free_buffers")
+    return mod
 
 
 def commit_default_schedules(tasks: list[Any], target: Any, database: Any) -> dict[Any, float]:
@@ -678,21 +701,42 @@ def tune_contexts(contexts: list[Any], weights: list[float], work_dir: str, tria
     return counter.working
 
 
+#: Largest difference, relative to the largest output, between the tuned and
+#: the untuned library's outputs on the same inputs for the tuned one to be
+#: kept: their sums may run in other orders (rounding: 1e-6 here), not compute
+#: other values.
+TUNED_TOLERANCE = 1e-3
+
+
 def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]:
     """The faster of the tuned and the untuned executable of the Relax function
-    ``main``, timed here in TVM's VM on inputs of ones, in turns, and both
-    medians in µs. A small trial budget can find kernels slower than the
-    untuned schedule step's (MobileNetV2 at batch 1 with 400 trials here), and
-    the user asked for speed, not for tuning."""
+    ``main``, timed here in TVM's VM, in turns, and both medians in µs. A small
+    trial budget can find kernels slower than the untuned schedule step's
+    (MobileNetV2 at batch 1 with 400 trials here), and the user asked for
+    speed, not for tuning. The tuned one is kept only where its outputs are the
+    untuned one's within ``TUNED_TOLERANCE``, on the same random inputs: a
+    MetaSchedule candidate that computes something else (its RewriteLayout
+    once repacked an LSTM step's bias wrongly) must not reach the user."""
     import numpy as np
     import tvm
     from tvm import relax
 
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(np.ones([int(d) for d in p.ty.shape], str(p.ty.dtype)), dev)
-            for p in main.params]
-    timers = {name: relax.VirtualMachine(exe, dev).time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20)
-              for name, exe in (("tuned", tuned), ("untuned", untuned))}
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f"
+                               else np.ones(shape, dtype), dev)
+            for shape, dtype in (([int(d) for d in p.ty.shape], str(p.ty.dtype)) for p in main.params)]
+    vms = {"tuned": relax.VirtualMachine(tuned, dev), "untuned": relax.VirtualMachine(untuned, dev)}
+    outputs = {name: [np.nan_to_num(t.numpy()) for t in _tensors(vm["main"](*args))] for name, vm in vms.items()}
+    scale = max((float(np.abs(o).max()) for o in outputs["untuned"] if o.size), default=0.0) or 1.0
+    error = max((float(np.abs(t - u).max()) / scale
+                 for t, u in zip(outputs["tuned"], outputs["untuned"], strict=True) if u.size), default=0.0)
+    if not error <= TUNED_TOLERANCE:
+        progress(f"the tuned library's outputs are {error:.3g} from the untuned's (relative to the largest), "
+                 f"more than {TUNED_TOLERANCE:g}: a tuned kernel computes something else, keeping the untuned "
+                 "library")
+        return untuned, {"tuned_error": error, "kept": "untuned"}
+    timers = {name: vm.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20) for name, vm in vms.items()}
     runs: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(5):  # in turns: a slow spell of the machine falls on both
         for name, timer in timers.items():
@@ -701,7 +745,12 @@ def faster_of(tuned: Any, untuned: Any, main: Any) -> tuple[Any, dict[str, Any]]
     kept = min(timers, key=lambda name: timings[f"{name}_us"])
     progress(f"a call takes {timings['tuned_us']:.1f} µs tuned, {timings['untuned_us']:.1f} µs untuned: "
              f"keeping the {kept} library")
-    return (tuned if kept == "tuned" else untuned), {**timings, "kept": kept}
+    return (tuned if kept == "tuned" else untuned), {**timings, "tuned_error": error, "kept": kept}
+
+
+def _tensors(output: Any) -> list[Any]:
+    """The tensors of a VM function's result, a tensor or nested tuples of them."""
+    return [output] if hasattr(output, "numpy") else [t for item in output for t in _tensors(item)]
 
 
 def model_rewrites(report: Callable[[str], None]) -> list[Any]:

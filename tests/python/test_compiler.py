@@ -651,6 +651,108 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text)
 
 
+#: Run on the TVM Python: an LSTM step's gates, one elementwise kernel that
+#: reads its bias (a weight) at four offsets, made into MetaSchedule's tasks as
+#: the worker does (kernels_to_tune); each task's design space with
+#: MetaSchedule's postprocessing (RewriteLayout among it) built and run against
+#: the loop nest as it is: the largest error, relative to the largest output.
+_GATES_DESIGN_SPACE = """
+import runpy, sys
+import numpy as np, tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+rng = np.random.default_rng(0)
+bias = rng.standard_normal(256).astype("float32")
+xv, cv = relax.Var("x", relax.TensorType((1, 256), "float32")), relax.Var("c", relax.TensorType((1, 64), "float32"))
+bb = relax.BlockBuilder()
+with bb.function("main", [xv, cv]):
+    with bb.dataflow():
+        v = bb.emit(relax.op.add(xv, relax.const(bias)))
+        i, f, g, o = (bb.emit(relax.op.strided_slice(v, [1], [64 * k], [64 * k + 64])) for k in range(4))
+        c = bb.emit(relax.op.add(relax.op.multiply(relax.op.sigmoid(f), cv),
+                                 relax.op.multiply(relax.op.sigmoid(i), relax.op.tanh(g))))
+        y = bb.emit_output(bb.emit(relax.op.multiply(relax.op.sigmoid(o), relax.op.tanh(c))))
+    bb.emit_func_output(y)
+target = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64-v3", "num-cores": 2})
+tasks = ms.relax_integration.extract_tasks(worker["kernels_to_tune"](bb.get(), target), target)
+errors = []
+for context in ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, sys.argv[2])[0]:
+    for sch in context.generate_design_space():
+        assert all(postproc.apply(sch) for postproc in context.space_generator.postprocs)
+        args = [rng.standard_normal([int(d) for d in a.shape]).astype(a.dtype)
+                for a in ms.arg_info.ArgInfo.from_entry_func(context.mod)]
+        outs = []
+        for mod in (context.mod, sch.mod):
+            tensors = [tvm.runtime.tensor(a) for a in args]
+            tvm.compile(mod, target=target)["main"](*tensors)
+            outs.append(tensors[-1].numpy())
+        errors.append(float(np.abs(outs[1] - outs[0]).max() / np.abs(outs[0]).max()))
+print(errors)
+"""
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuning_candidates_of_elementwise_kernels_keep_their_weights_as_they_are(tmp_path: Path) -> None:
+    """MetaSchedule's RewriteLayout repacks a weight by one of the ways its
+    block reads it: an LSTM step's gates, inlined into one block, read their
+    bias at four offsets, and every candidate of that kernel read 64 of its
+    256 values (a tuned LSTM's outputs 20 % off Keras's). Only kernels with a
+    reduction list their weights for repacking now; the candidates compute
+    what the loop nest does."""
+    result = subprocess.run([TVM_PYTHON, "-c", _GATES_DESIGN_SPACE, str(TVM_PACKAGE), str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors and max(errors) < 1e-6, errors
+
+
+#: Run on the TVM Python: the worker's choice between a "tuned" and an
+#: "untuned" library of one signature, as its compile makes it, where they
+#: compute the same (2 x) and where not (2 x + 1e-2 x): what it keeps and the
+#: difference it saw.
+_FASTER_OF = """
+import json, runpy, sys
+import tvm
+from tvm import relax
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+target = tvm.target.Target({"kind": "llvm"})
+
+def library(scale):
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.multiply(x, relax.const(scale, "float32"))))
+        bb.emit_func_output(y)
+    return bb.get(), tvm.compile(bb.get(), target=target)
+
+mod, untuned = library(2.0)
+out = {}
+for name, scale in (("same", 2.0), ("other", 2.02)):
+    _, figures = worker["faster_of"](library(scale)[1], untuned, mod["main"])
+    out[name] = {"kept": figures["kept"], "error": figures["tuned_error"]}
+print(json.dumps(out))
+"""
+
+
+def test_a_tuned_library_that_computes_other_values_is_not_kept() -> None:
+    """The worker keeps a tuned library only where its outputs are the untuned
+    one's within rounding on the same random inputs; where they are not (a
+    miscompiled candidate, as the LSTM step's repacked bias was) it keeps the
+    untuned library, whichever is faster."""
+    result = subprocess.run([TVM_PYTHON, "-c", _FASTER_OF, str(TVM_PACKAGE)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["same"]["error"] == 0.0 and out["same"]["kept"] in ("tuned", "untuned"), out
+    assert out["other"] == {"kept": "untuned", "error": pytest.approx(0.01, rel=1e-3)}, out
+    assert "computes something else, keeping the untuned library" in result.stderr + result.stdout, result.stderr
+
+
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
                     reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
 def test_tuning_skips_kernels_metaschedule_cannot_search(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
