@@ -635,32 +635,39 @@ def measure(tasks: list[Any], target: Any, trials: int, database: Any, start: fl
 
     with tempfile.TemporaryDirectory(prefix="tvmdsoop-tuning-") as work_dir:
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir)
-        searchable = [(context, weight) for task, context, weight in zip(tasks, contexts, weights, strict=True)
-                      if has_design_space(task, context)]
+        searchable, refused = [], {}
+        for task, context, weight in zip(tasks, contexts, weights, strict=True):
+            reason = design_space_error(context)
+            if reason is None:
+                searchable.append((context, weight))
+            else:
+                refused.setdefault(reason, []).append(task.task_name)
+        for reason, names in refused.items():
+            progress(f"MetaSchedule cannot search {len(names)} kernel{'s' * (len(names) > 1)} ({', '.join(names[:3])}"
+                     f"{', ...' * (len(names) > 3)}): the design space failed with ScheduleError: {reason}; "
+                     f"{'they keep their' if len(names) > 1 else 'it keeps its'} default schedule")
         if not searchable:
             return 0
         return tune_contexts([c for c, _ in searchable], [w for _, w in searchable], work_dir, trials, database,
                              start)
 
 
-def has_design_space(task: Any, context: Any) -> bool:
-    """Whether MetaSchedule makes a design space for ``task`` (its ``context``):
-    its rules fail on some kernels (MultiLevelTiling's reverse_compute_at on a
-    product whose epilogue reads another producer, as an LSTM step's at batch 8
-    does), and their error, raised while the search starts, would end the whole
-    tuning. Such a kernel is left out of the search and keeps its default
-    schedule; said."""
+def design_space_error(context: Any) -> str | None:
+    """Why MetaSchedule makes no design space for a task (its ``context``), or
+    None where it makes one: its rules fail on some kernels (MultiLevelTiling's
+    reverse_compute_at on a product whose epilogue reads another producer, as
+    an LSTM step's at batch 8 does), and their error, raised while the search
+    starts, would end the whole tuning. Such a kernel is left out of the
+    search and keeps its default schedule."""
     from tvm.s_tir import ScheduleError
 
     try:
         context.generate_design_space()
     except ScheduleError as err:
-        reason = next((line for line in str(err).splitlines() if line.startswith("Error message:")),
-                      str(err).splitlines()[0] if str(err) else "")
-        progress(f"MetaSchedule cannot search {task.task_name} (its design space failed: ScheduleError: "
-                 f"{reason.removeprefix('Error message:').strip()}): it keeps its default schedule")
-        return False
-    return True
+        lines = str(err).splitlines()
+        said = next((line for line in lines if line.startswith("Error message:")), lines[0] if lines else "")
+        return said.removeprefix("Error message:").strip()
+    return None
 
 
 def tune_contexts(contexts: list[Any], weights: list[float], work_dir: str, trials: int, database: Any,
