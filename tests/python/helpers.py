@@ -64,7 +64,8 @@ def host_cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-#: Run before every script of run_tvm_script: what the scripts share.
+#: Run before every script of run_tvm_script: what the scripts share (a
+#: script's traceback counts its lines from this prelude's first).
 _TVM_SCRIPT_PRELUDE = """
 def allocates_workspace(func, name, target):
     \"\"\"Whether PrimFunc func, compiled for target as name, calls
