@@ -84,8 +84,8 @@ def run_tvm_script(script: str, *args: str, timeout: int = 600, **environment: s
     with its stderr. The script may call ``allocates_workspace`` (above)."""
     from conftest import TVM_PYTHON
 
-    result = subprocess.run([TVM_PYTHON, "-c", _TVM_SCRIPT_PRELUDE + script, *args], capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
+    result = subprocess.run([TVM_PYTHON, "-c", _TVM_SCRIPT_PRELUDE + script, *args], capture_output=True, text=True,
+                            timeout=timeout, env={**os.environ, "TVM_NUM_THREADS": "2", **environment})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
