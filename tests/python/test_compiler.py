@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import TVM_PYTHON
-from helpers import host_cpu_flags, run_python
+from helpers import host_cpu_flags, run_python, run_tvm_script
 
 from tf_op import CompiledFunction, CompileError, compile
 from tf_op.compiler import worker
@@ -625,11 +625,11 @@ def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog:
     np.testing.assert_allclose(tuned(x).numpy(), model(x).numpy(), rtol=RTOL, atol=ATOL)
     assert re.search(r"tuning 2 kernels, 16 trials in all", caplog.text), caplog.text
     assert re.search(r"tuning: [0-9]+ of 16 trials measured", caplog.text), "no progress while tuning"
-    kept = re.search(r"MetaSchedule's kernels ran faster than the default schedules' for [0-2] of 2 kernels, "
-                     r"the others keep the default schedule: their calls take ([0-9.]+) µs instead of ([0-9.]+)",
-                     caplog.text)
-    assert kept and float(kept[1]) <= float(kept[2]), caplog.text
-    assert _default_schedule_records(tmp_path) == 2, "the database lacks a default schedule's record"
+    kept = re.search(r"MetaSchedule's kernels ran faster than the default schedules' for ([0-2]) of 2 kernels, "
+                     r"timed again in turns, the others keep the default schedule: their calls take ([0-9.]+) µs "
+                     r"instead of ([0-9.]+)", caplog.text)
+    assert kept and float(kept[2]) <= float(kept[3]), caplog.text
+    assert _default_schedule_records(tmp_path) == 2 - int(kept[1]), "the chosen schedules are not the log's"
     assert re.search(r"tuned 2 of 2 kernels in [0-9.]+ s", caplog.text), "tuning found nothing to apply"
     assert "scheduled 0 of 0 reductions" in caplog.text, "the schedule step touched tuned kernels"
     assert re.search(r"a call takes [0-9.]+ µs tuned, [0-9.]+ µs untuned: keeping the \w+ library", caplog.text)
@@ -786,12 +786,65 @@ def test_tuning_skips_kernels_metaschedule_cannot_search(tmp_path: Path, caplog:
     assert searched and int(searched[1]) > 0, caplog.text
 
 
+#: Run on the TVM Python: one product's kernel made into MetaSchedule's task as
+#: the worker does, a search database holding one candidate (its default
+#: schedule) with a timing far too good to be true (1 ns: what the least of
+#: tens of noisy timings looks like beside one), and the worker's choice
+#: between that candidate and the default: the times it chose by and the
+#: record it committed.
+_CHOICE = """
+import json, runpy, sys
+import numpy as np, tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+worker["math_lowering"].register()
+x = relax.Var("x", relax.TensorType((64, 128), "float32"))
+bb = relax.BlockBuilder()
+with bb.function("main", [x]):
+    with bb.dataflow():
+        weight = relax.const(np.random.default_rng(0).standard_normal((128, 128)).astype("float32"))
+        y = bb.emit_output(bb.emit(relax.op.matmul(x, weight)))
+    bb.emit_func_output(y)
+target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+tasks = ms.relax_integration.extract_tasks(worker["kernels_to_tune"](bb.get(), target), target)
+search, chosen = ms.database.MemoryDatabase(), ms.database.MemoryDatabase()
+for task in tasks:
+    sch = worker["cpu_schedule"].default_schedule(task.dispatched[0]["main"], target)
+    search.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, search.commit_workload(task.dispatched[0]), [1e-9], target,
+        ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
+times = worker["choose_schedules"](tasks, target, search, chosen)
+records = [chosen.query_tuning_record(task.dispatched[0], target, task.task_name) for task in tasks]
+print(json.dumps({"tasks": len(tasks), "times": [list(pair) for pair in times.values()],
+                  "samples": [len(record.run_secs) for record in records], "rounds": worker["CHOICE_ROUNDS"]}))
+"""
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuning_chooses_each_kernel_by_timing_both_candidates_again() -> None:
+    """MetaSchedule's search times each candidate once, and its best is the
+    least of tens of noisy timings: against the default schedule's one timing
+    it won by noise, and a tuned library of such kernels ran slower than the
+    untuned one (the transformer block at batch 8: 6 kernels won by 8 %, the
+    library 1 % slower). The worker times the search's best and the default
+    again, in turns, and chooses by those timings, not the search's."""
+    out = run_tvm_script(_CHOICE, str(TVM_PACKAGE), timeout=300)
+    assert out["tasks"] == 1 and out["samples"] == [out["rounds"]] and out["rounds"] > 1, out
+    (default, searched), = out["times"]
+    # The candidate's 1 ns was not believed: timed again, it takes what the default does (the same schedule).
+    assert 1e-7 < searched and 1e-7 < default and 0.5 < searched / default < 2, out
+
+
 def _default_schedule_records(cache_dir: Path) -> int:
-    """Records in the tuning databases under ``cache_dir`` (MetaSchedule's JSON
-    lines: a workload's index, then the trace, a list of instructions and their
-    decisions) whose schedule samples nothing: the default schedules', since
-    every candidate of MetaSchedule's search samples tile sizes or unrolling."""
-    records = [json.loads(line) for path in cache_dir.rglob("database_tuning_record.json")
+    """Default schedules among the schedules chosen for the kernels (the
+    tuning database's ``chosen/`` under ``cache_dir``: MetaSchedule's JSON
+    lines, a workload's index, then the trace, a list of instructions and
+    their decisions): those that sample nothing, since every candidate of
+    MetaSchedule's search samples tile sizes or unrolling."""
+    records = [json.loads(line) for path in cache_dir.rglob("chosen/database_tuning_record.json")
                for line in path.read_text().splitlines()]
     return sum(not any(inst[0].startswith("Sample") for inst in trace[0]) for _, (trace, *_rest) in records)
 
