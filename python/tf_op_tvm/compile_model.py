@@ -503,12 +503,13 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
                 raise RuntimeError(f"tuning found no working candidate for any of the {len(searched)} kernels "
                                    "(MetaSchedule's log above says why)")
             times = choose_schedules(new, target, database, chosen)
-            won = sum(searched_secs < default_secs for default_secs, searched_secs in times.values())
+            # Kernels whose default did not run are said so (choose_schedules) and not counted here.
             compared = {task: pair for task, pair in times.items() if math.isfinite(pair[0])}
+            won = sum(searched_secs < default_secs for default_secs, searched_secs in compared.values())
             default_us = sum(task.weight * default_secs for task, (default_secs, _) in compared.items()) * 1e6
             kept_us = sum(task.weight * min(pair) for task, pair in compared.items()) * 1e6
             progress(f"MetaSchedule's kernels ran faster than the default schedules' for {won} of "
-                     f"{len(times)} kernels, timed again in turns, the others keep the default schedule: "
+                     f"{len(compared)} kernels, timed again in turns, the others keep the default schedule: "
                      f"their calls take {kept_us:.1f} µs instead of {default_us:.1f}")
         # A kernel none of whose candidates built and ran, its default included,
         # keeps its untuned form.
@@ -593,7 +594,7 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
     for (task, kind, _, _), result in zip(candidates, built):
         if result.error_msg is not None and kind == "default":
             progress(f"the default schedule of {task.task_name} did not build, so tuning does not compare "
-                     f"against it: {result.error_msg.strip().splitlines()[-1]}")
+                     f"against it: {_last_line(result.error_msg)}")
     runnable = [(candidate, result) for candidate, result in zip(candidates, built) if result.error_msg is None]
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
         number=1, repeat=1, min_repeat_ms=CHOICE_ROUND_MS))
@@ -601,8 +602,12 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
               for (_, _, sch, _), result in runnable]
     samples: list[list[float]] = [[] for _ in runnable]
     failed: list[str | None] = [None] * len(runnable)
-    for _ in range(CHOICE_ROUNDS):
-        for i, future in enumerate(runner.run(inputs)):
+    for round_ in range(CHOICE_ROUNDS):
+        # Each round in the other order (a kernel's default runs before its
+        # searched candidate, then after it), and without a candidate that has
+        # failed once: it is not chosen, and its timeouts would cost rounds.
+        order = [i for i in range(len(runnable)) if failed[i] is None][::1 if round_ % 2 == 0 else -1]
+        for i, future in zip(order, runner.run([inputs[i] for i in order])):
             run = future.result()
             if run.error_msg is not None:
                 failed[i] = run.error_msg
@@ -614,7 +619,7 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
         if error is not None:
             if kind == "default":
                 progress(f"the default schedule of {task.task_name} did not run, so tuning does not compare "
-                         f"against it: {error.strip().splitlines()[-1]}")
+                         f"against it: {_last_line(error)}")
             continue
         secs = statistics.median(runs)
         times[task][kind] = secs
@@ -626,6 +631,12 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
             trace, workload, runs, target, ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
     return {task: (secs.get("default", math.inf), secs.get("searched", math.inf))
             for task, secs in times.items() if secs}
+
+
+def _last_line(message: str) -> str:
+    """The last line of an error's text, which says what failed; or the text."""
+    lines = message.strip().splitlines()
+    return lines[-1] if lines else message
 
 
 @contextlib.contextmanager

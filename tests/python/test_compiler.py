@@ -615,9 +615,10 @@ def test_tuning_candidates_lower_math_as_the_compile_does() -> None:
 def test_tuned_compile_matches_keras_and_is_cached_apart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A small budget (16 trials, about a minute): what is checked is that the
     tuned kernels keep their schedule, that each kernel's default schedule is
-    timed beside MetaSchedule's candidates, that the faster of the tuned and the
-    untuned library is kept, that it is right, cached under its own key, and
-    that a later model with the same kernels reuses what tuning found."""
+    timed again against the search's best, in turns, that the faster of the
+    tuned and the untuned library is kept, that it is right, cached under its
+    own key, and that a later model with the same kernels reuses what tuning
+    found."""
     model, x = _mlp(), _inputs(4, 16)
     caplog.set_level(logging.INFO, logger="tf_op.compiler")
     tuned = compile(model, cache_dir=tmp_path, tune=16, batch_sizes=[4])
