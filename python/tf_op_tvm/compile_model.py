@@ -581,25 +581,23 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
     Q, K and V products 7 µs slower each, timed alone and in the model)."""
     from tvm.s_tir import meta_schedule as ms
 
-    candidates: list[tuple[Any, str, Any, Any]] = []  # (task, kind, schedule, trace)
+    candidates: list[tuple[Any, str, Any]] = []  # (task, kind, schedule)
     for task in tasks:
-        default = cpu_schedule.default_schedule(task.dispatched[0]["main"], target)
-        candidates.append((task, "default", default, default.trace))
-        best = database.query_tuning_record(task.dispatched[0], target, task.task_name)
-        if best is not None:
-            searched = database.query_schedule(task.dispatched[0], target, task.task_name)
-            candidates.append((task, "searched", searched, best.trace))
+        candidates.append((task, "default", cpu_schedule.default_schedule(task.dispatched[0]["main"], target)))
+        searched = database.query_schedule(task.dispatched[0], target, task.task_name)
+        if searched is not None:  # the search's best record, its trace replayed
+            candidates.append((task, "searched", searched))
     built = ms.builder.LocalBuilder(f_build=build_candidate).build(
-        [ms.builder.BuilderInput(sch.mod, target) for _, _, sch, _ in candidates])
-    for (task, kind, _, _), result in zip(candidates, built):
+        [ms.builder.BuilderInput(sch.mod, target) for _, _, sch in candidates])
+    for (task, kind, _), result in zip(candidates, built):
         if result.error_msg is not None and kind == "default":
             progress(f"the default schedule of {task.task_name} did not build, so tuning does not compare "
                      f"against it: {_last_line(result.error_msg)}")
     runnable = [(candidate, result) for candidate, result in zip(candidates, built) if result.error_msg is None]
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(
         number=1, repeat=1, min_repeat_ms=CHOICE_ROUND_MS))
-    inputs = [ms.runner.RunnerInput(result.artifact_path, "cpu", ms.arg_info.ArgInfo.from_entry_func(sch.mod))
-              for (_, _, sch, _), result in runnable]
+    args = [ms.arg_info.ArgInfo.from_entry_func(sch.mod) for (_, _, sch), _ in runnable]
+    inputs = [ms.runner.RunnerInput(result.artifact_path, "cpu", arg) for (_, result), arg in zip(runnable, args)]
     samples: list[list[float]] = [[] for _ in runnable]
     failed: list[str | None] = [None] * len(runnable)
     for round_ in range(CHOICE_ROUNDS):
@@ -613,24 +611,19 @@ def choose_schedules(tasks: list[Any], target: Any, database: Any, chosen: Any) 
                 failed[i] = run.error_msg
             else:
                 samples[i].extend(float(secs) for secs in run.run_secs)
-    times: dict[Any, dict[str, float]] = {task: {} for task in tasks}
-    records: dict[Any, tuple[float, Any, Any, list[float]]] = {}
-    for ((task, kind, sch, trace), _), runs, error in zip(runnable, samples, failed):
-        if error is not None:
-            if kind == "default":
-                progress(f"the default schedule of {task.task_name} did not run, so tuning does not compare "
-                         f"against it: {_last_line(error)}")
-            continue
-        secs = statistics.median(runs)
-        times[task][kind] = secs
-        if task not in records or secs < records[task][0]:
-            records[task] = (secs, sch, trace, runs)
-    for task, (_, sch, trace, runs) in records.items():
-        workload = chosen.commit_workload(task.dispatched[0])
+    timed: dict[Any, dict[str, tuple[float, Any, list[float], Any]]] = {}  # task -> kind -> (median, ...)
+    for ((task, kind, sch), _), arg, runs, error in zip(runnable, args, samples, failed):
+        if error is None:
+            timed.setdefault(task, {})[kind] = (statistics.median(runs), sch, runs, arg)
+        elif kind == "default":
+            progress(f"the default schedule of {task.task_name} did not run, so tuning does not compare "
+                     f"against it: {_last_line(error)}")
+    for task, kinds in timed.items():
+        _, sch, runs, arg = min(kinds.values(), key=lambda timing: timing[0])
         chosen.commit_tuning_record(ms.database.TuningRecord(
-            trace, workload, runs, target, ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
-    return {task: (secs.get("default", math.inf), secs.get("searched", math.inf))
-            for task, secs in times.items() if secs}
+            sch.trace, chosen.commit_workload(task.dispatched[0]), runs, target, arg))
+    return {task: tuple(kinds[kind][0] if kind in kinds else math.inf for kind in ("default", "searched"))
+            for task, kinds in timed.items()}
 
 
 def _last_line(message: str) -> str:
