@@ -468,8 +468,7 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     # Candidates are timed with the thread settings the op library gives TVM
     # beside TF (dsoop.c, default_tvm_thread_settings) where the user set none:
     # the kernels kept must be the fastest there, not under TVM's own defaults.
-    for name, value in (("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)))),
-                        ("TVM_THREAD_POOL_SPIN_COUNT", "200"), ("TVM_BIND_THREADS", "0")):
+    for name, value in zip(TUNING_THREAD_SETTINGS, (str(len(os.sched_getaffinity(0))), "200", "0"), strict=True):
         os.environ.setdefault(name, value)
     import psutil
     import tvm
@@ -489,11 +488,12 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     def has_record(task: Any) -> bool:
         return chosen.query_tuning_record(task.dispatched[0], target, task.task_name) is not None
 
-    with tuning_database(database_dir) as (database, chosen):
+    kept_in = None if database_dir is None else tuning_folder(database_dir, target)
+    with tuning_database(kept_in) as (database, chosen):
         new = [task for task in tasks if not has_record(task)]
         if len(new) < len(tasks):
             progress(f"{len(tasks) - len(new)} of {len(tasks)} kernels were tuned before "
-                     f"(in {database_dir}): their schedules are reused")
+                     f"(in {kept_in}): their schedules are reused")
         if new:
             # Winograd's transforms keep their default schedule unsearched: they
             # move memory, and MetaSchedule's candidates of one (inlined whole,
@@ -632,26 +632,48 @@ def _last_line(message: str) -> str:
     return lines[-1] if lines else message
 
 
+#: What TVM's thread pool reads from the environment: the thread count, how
+#: long idle threads spin, whether they are pinned. Kernels timed under other
+#: settings may rank otherwise, so tuning records are kept apart by them.
+TUNING_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "TVM_BIND_THREADS")
+
+
+def tuning_folder(root: Path, target: Any) -> Path:
+    """Where the tuning records for ``target`` (its full form, ``num-cores``
+    included) under this process's TVM thread settings are kept in ``root``:
+    a folder per TVM version (records of another TVM may not apply), in it one
+    per target and thread settings, named ``<CPU>-<N>threads-<digest of both>``.
+    Apart, because MetaSchedule's databases find a kernel's record by its
+    workload alone, not by the target or threads it was timed with: one
+    folder for all would hand a schedule chosen on one CPU, x86-64 level or
+    thread count to a compile for another (an AVX-512 choice to an AVX2
+    library, a two-thread choice to sixteen threads)."""
+    described = {key: str(value) for key, value in target.export().items()}
+    settings = {"target": described, "threads": {name: os.environ.get(name, "") for name in TUNING_THREAD_SETTINGS}}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    cpu = "".join(c if c.isalnum() or c in "._-" else "_" for c in described.get("mcpu") or target.kind.name)
+    return root / tvm_version() / f"{cpu}-{settings['threads']['TVM_NUM_THREADS'] or 'default'}threads-{digest}"
+
+
 @contextlib.contextmanager
 def tuning_database(folder: Path | None) -> Iterator[tuple[Any, Any]]:
     """MetaSchedule's databases: every candidate the searches measured, and the
     schedule chosen for each kernel (``choose_schedules``); in memory, or kept in
-    ``folder`` under this TVM's version (records of another TVM may not apply),
-    the chosen ones in ``chosen/`` there, held under an exclusive lock
-    while in use, so that two compiles never write their files at once."""
+    ``folder`` (``tuning_folder``), the chosen ones in ``chosen/`` there, held
+    under an exclusive lock while in use, so that two compiles never write
+    their files at once."""
     from tvm.s_tir import meta_schedule as ms
 
     if folder is None:
         yield ms.database.MemoryDatabase(), ms.database.MemoryDatabase()
         return
-    kept = folder / tvm_version()
-    (kept / "chosen").mkdir(parents=True, exist_ok=True)
-    with open(kept / "lock", "a+b") as lock:
+    (folder / "chosen").mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "a+b") as lock:
         if not try_lock(lock):
-            progress(f"waiting for another compile's tuning to finish with {kept}")
+            progress(f"waiting for another compile's tuning to finish with {folder}")
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield ms.database.JSONDatabase(work_dir=str(kept)), ms.database.JSONDatabase(work_dir=str(kept / "chosen"))
+            yield ms.database.JSONDatabase(work_dir=str(folder)), ms.database.JSONDatabase(work_dir=str(folder / "chosen"))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

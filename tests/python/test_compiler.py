@@ -839,6 +839,38 @@ def test_tuning_chooses_each_kernel_by_timing_both_candidates_again() -> None:
     assert 1e-7 < searched and 1e-7 < default and 0.5 < searched / default < 2, out
 
 
+#: Run on the TVM Python: the folders the worker keeps tuning records in, for
+#: targets and thread settings that differ in one thing each.
+_TUNING_FOLDERS = """
+import json, os, runpy, sys
+from pathlib import Path
+import tvm
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+root = Path(sys.argv[2])
+def folder(mcpu, cores, threads, spin):
+    os.environ.update(TVM_NUM_THREADS=threads, TVM_THREAD_POOL_SPIN_COUNT=spin)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
+    return str(worker["tuning_folder"](root, target).relative_to(root))
+print(json.dumps({"version": worker["tvm_version"](), "folders": [
+    folder("znver4", 2, "2", "200"), folder("znver4", 2, "2", "200"), folder("x86-64-v3", 2, "2", "200"),
+    folder("znver4", 8, "2", "200"), folder("znver4", 2, "1", "200"), folder("znver4", 2, "2", "0")]}))
+"""
+
+
+def test_tuning_records_are_kept_apart_by_target_and_thread_settings(tmp_path: Path) -> None:
+    """MetaSchedule's databases find a kernel's record by its workload alone:
+    records kept in one folder for all targets handed a schedule chosen on one
+    CPU or thread count to a compile for another. Each target (CPU, cores) and
+    TVM thread settings get a folder of their own, the same one each time."""
+    out = run_tvm_script(_TUNING_FOLDERS, str(TVM_PACKAGE), str(tmp_path), timeout=300)
+    same, again, *others = out["folders"]
+    assert same == again, out
+    assert len({same, *others}) == 1 + len(others), out
+    assert all(Path(folder).parts[0] == out["version"] for folder in out["folders"]), out
+    assert same.split("/")[1].startswith("znver4-2threads-") and others[0].split("/")[1].startswith("x86-64-v3-"), out
+
+
 def _default_schedule_records(cache_dir: Path) -> int:
     """Default schedules among the schedules chosen for the kernels (the
     tuning database's ``chosen/`` under ``cache_dir``: MetaSchedule's JSON
