@@ -120,19 +120,19 @@ def test_tuning_trials_move_a_bar_on_a_terminal() -> None:
     out = _Terminal()
     with Progress("tuned", after_s=0, stream=out) as progress:
         for measured in (16, 48, 64):
-            progress.stage(f"tuning: {measured} of 64 trials measured (2.0 s)")
+            progress.stage(f"tuning: {measured} of 64 trials built (2.0 s)")
         progress.stage("tuned 2 of 2 kernels in 9.00 s")
     text = out.getvalue()
     assert "tf_op.compile(tuned) tuning" in text and "64/64" in text, text
-    assert "trials measured" not in text, "the bar stands for the trial lines"
+    assert "trials built" not in text, "the bar stands for the trial lines"
     assert text.rstrip().endswith(": tuned 2 of 2 kernels in 9.00 s")
 
 
 def test_tuning_trials_are_lines_elsewhere() -> None:
     out = io.StringIO()
     with Progress("tuned", after_s=0, stream=out) as progress:
-        progress.stage("tuning: 16 of 64 trials measured (2.0 s)")
-    assert out.getvalue().rstrip().endswith(": tuning: 16 of 64 trials measured (2.0 s)")
+        progress.stage("tuning: 16 of 64 trials built (2.0 s)")
+    assert out.getvalue().rstrip().endswith(": tuning: 16 of 64 trials built (2.0 s)")
 
 
 _LINKER_CHECK = """

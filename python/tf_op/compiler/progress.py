@@ -27,8 +27,8 @@ logger = logging.getLogger(__package__)
 DEFAULT_AFTER_S = 3.0
 #: The longest a printing compile stays silent: a stage still running says so.
 HEARTBEAT_S = 30.0
-#: The worker's line for tuning's progress (compile_model.py's measure()).
-_TRIALS = re.compile(r"^tuning: (\d+) of (\d+) trials measured")
+#: The worker's line for tuning's progress (compile_model.py's search()).
+_TRIALS = re.compile(r"^tuning: (\d+) of (\d+) trials built")
 
 
 class Progress:
