@@ -459,11 +459,12 @@ def tune(mod: Any, target_json: dict[str, object] | str, trials: int,
     static_shape_tuning pipeline, with the build step below), and the target it
     was tuned for, which the compile must use too.
 
-    With ``database_dir``, what tuning finds is kept there (a MetaSchedule JSON
-    database per TVM version, under a lock), and a kernel that an earlier
-    compile tuned for this target (the same workload: shapes, dtypes, fused
-    epilogue) takes its record from there and no trials: the model's other
-    kernels share them all."""
+    With ``database_dir``, what tuning finds is kept there (MetaSchedule JSON
+    databases, a folder per TVM version, target and thread settings:
+    ``tuning_folder``; under a lock), and a kernel that an earlier compile
+    tuned for this target and thread settings (the same workload: shapes,
+    dtypes, fused epilogue) takes its record from there and no trials: the
+    model's other kernels share them all."""
     check_tuning_works()  # first: it names the fix for a missing module, psutil among them
     # Candidates are timed with the thread settings the op library gives TVM
     # beside TF (dsoop.c, default_tvm_thread_settings) where the user set none:
@@ -648,10 +649,12 @@ def tuning_folder(root: Path, target: Any) -> Path:
     folder for all would hand a schedule chosen on one CPU, x86-64 level or
     thread count to a compile for another (an AVX-512 choice to an AVX2
     library, a two-thread choice to sixteen threads)."""
-    described = {key: str(value) for key, value in target.export().items()}
+    described = dict(target.export())
     settings = {"target": described, "threads": {name: os.environ.get(name, "") for name in TUNING_THREAD_SETTINGS}}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    cpu = "".join(c if c.isalnum() or c in "._-" else "_" for c in described.get("mcpu") or target.kind.name)
+    # TVM's arrays and maps as JSON's, not their printed form, which another tvm-ffi may print otherwise.
+    plain = json.dumps(settings, sort_keys=True, default=lambda value: dict(value) if hasattr(value, "items") else list(value))
+    digest = hashlib.sha256(plain.encode()).hexdigest()[:12]
+    cpu = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(described.get("mcpu") or target.kind.name))
     return root / tvm_version() / f"{cpu}-{settings['threads']['TVM_NUM_THREADS'] or 'default'}threads-{digest}"
 
 
@@ -661,16 +664,18 @@ def tuning_database(folder: Path | None) -> Iterator[tuple[Any, Any]]:
     schedule chosen for each kernel (``choose_schedules``); in memory, or kept in
     ``folder`` (``tuning_folder``), the chosen ones in ``chosen/`` there, held
     under an exclusive lock while in use, so that two compiles never write
-    their files at once."""
+    their files at once. The lock is one for the folders of all targets and
+    thread settings: two compiles tuning at once, for any targets, would
+    time their candidates on the same CPUs, each slowed by the other."""
     from tvm.s_tir import meta_schedule as ms
 
     if folder is None:
         yield ms.database.MemoryDatabase(), ms.database.MemoryDatabase()
         return
     (folder / "chosen").mkdir(parents=True, exist_ok=True)
-    with open(folder / "lock", "a+b") as lock:
+    with open(folder.parent / "lock", "a+b") as lock:
         if not try_lock(lock):
-            progress(f"waiting for another compile's tuning to finish with {folder}")
+            progress(f"waiting for another compile's tuning to finish with {folder.parent}")
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield ms.database.JSONDatabase(work_dir=str(folder)), ms.database.JSONDatabase(work_dir=str(folder / "chosen"))
@@ -782,14 +787,20 @@ def search(tasks: list[Any], work_dir: str, trials: int, database: Any, start: f
     def built(count: int) -> None:
         nonlocal sent
         sent += count
-        progress(f"tuning: {sent} of {trials} trials built ({time.perf_counter() - start:.0f} s)")
+        # The last batch may overrun the budget by a few: the count stops at it.
+        progress(f"tuning: {min(sent, trials)} of {trials} trials built ({time.perf_counter() - start:.0f} s)")
 
     counter = Working()
+    # Sampling ranks nothing: no cost model to train (XGBoost's features of every candidate) for it.
+    sampled = strategy == "replay-trace"
+    callbacks = ([ms.measure_callback.AddToDatabase(), ms.measure_callback.RemoveBuildArtifact()] if sampled
+                 else ms.MeasureCallback.create("default"))
     with candidate_builder(built) as builder:
         ms.tune.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
             max_trials_per_task=per_task, num_trials_per_iter=min(TRIALS_PER_BATCH, per_task),
-            builder=builder, database=database, measure_callbacks=[*ms.MeasureCallback.create("default"), counter])
+            builder=builder, database=database, cost_model="random" if sampled else "xgb",
+            measure_callbacks=[*callbacks, counter])
     progress(f"tuning: {counter.working} of {counter.measured} candidates built and ran "
              f"({time.perf_counter() - start:.0f} s)")
     return counter.working
@@ -1001,7 +1012,7 @@ def candidate_builder(built: Callable[[int], None] = lambda count: None) -> Iter
     each batch it has built. MetaSchedule's LocalBuilder starts new processes
     for every batch (its workers leak memory with use), and each imports TVM
     first, 1.4 s here, with a batch a kernel: EfficientNetB0's 61 kernels
-    (256 trials) tuned in 198 s on kept processes, 289 s on fresh ones.
+    (256 trials) tuned in 196 s on kept processes, 289 s on fresh ones.
     Every 16 batches bounds the leak."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
@@ -1046,8 +1057,9 @@ def candidate_builder(built: Callable[[int], None] = lambda count: None) -> Iter
 
 def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
     """MetaSchedule's default build of one candidate kernel, less its import of
-    ``tvm.s_tir.tensor_intrin``: that import takes about 30 s, and the builder pays
-    it in a fresh process for every batch of candidates. Candidates reach the
+    ``tvm.s_tir.tensor_intrin``: that import takes about 30 s, and a builder pays
+    it in every process it starts (MetaSchedule's, for every batch of
+    candidates; ``candidate_builder``, every 16 batches). Candidates reach the
     builder already scheduled (tensorized too), so the build needs no intrinsic.
 
     The candidates' exp, log, erf, sigmoid and tanh lower as the compile lowers

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -892,13 +893,14 @@ import tvm
 sys.path.insert(0, sys.argv[1])
 worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
 root = Path(sys.argv[2])
-def folder(mcpu, cores, threads, spin):
-    os.environ.update(TVM_NUM_THREADS=threads, TVM_THREAD_POOL_SPIN_COUNT=spin)
+def folder(mcpu, cores, threads, spin, bind):
+    os.environ.update(TVM_NUM_THREADS=threads, TVM_THREAD_POOL_SPIN_COUNT=spin, TVM_BIND_THREADS=bind)
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})
     return str(worker["tuning_folder"](root, target).relative_to(root))
 print(json.dumps({"version": worker["tvm_version"](), "folders": [
-    folder("znver4", 2, "2", "200"), folder("znver4", 2, "2", "200"), folder("x86-64-v3", 2, "2", "200"),
-    folder("znver4", 8, "2", "200"), folder("znver4", 2, "1", "200"), folder("znver4", 2, "2", "0")]}))
+    folder("znver4", 2, "2", "200", "0"), folder("znver4", 2, "2", "200", "0"),
+    folder("x86-64-v3", 2, "2", "200", "0"), folder("znver4", 8, "2", "200", "0"),
+    folder("znver4", 2, "1", "200", "0"), folder("znver4", 2, "2", "0", "0"), folder("znver4", 2, "2", "200", "1")]}))
 """
 
 
@@ -910,6 +912,8 @@ def test_tuning_records_are_kept_apart_by_target_and_thread_settings(tmp_path: P
     out = run_tvm_script(_TUNING_FOLDERS, str(TVM_PACKAGE), str(tmp_path), timeout=300)
     same, again, *others = out["folders"]
     assert same == again, out
+    assert run_tvm_script(_TUNING_FOLDERS, str(TVM_PACKAGE), str(tmp_path), timeout=300) == out, \
+        "another process keeps the same target's records elsewhere"
     assert len({same, *others}) == 1 + len(others), out
     assert all(Path(folder).parts[0] == out["version"] for folder in out["folders"]), out
     assert same.split("/")[1].startswith("znver4-2threads-") and others[0].split("/")[1].startswith("x86-64-v3-"), out
@@ -932,11 +936,16 @@ def test_tuned_cache_keys_hold_the_tvm_thread_settings(monkeypatch: pytest.Monke
     from tf_op.compiler.cache import key
 
     keys = {}
-    for threads, spin in (("1", ""), ("2", ""), ("2", "0")):
+    cpus = os.sched_getaffinity(0)
+    for threads, spin, bind, affinity in (("1", "", "", cpus), ("2", "", "", cpus), ("2", "0", "", cpus),
+                                          ("2", "0", "1", cpus), ("2", "0", "1", {min(cpus)})):
         monkeypatch.setenv("TVM_NUM_THREADS", threads)
         monkeypatch.setenv("TVM_THREAD_POOL_SPIN_COUNT", spin)
-        keys[threads, spin] = (key("model", "native", 16, "0.27"), key("model", "native", 0, "0.27"))
-    assert len({tuned for tuned, _ in keys.values()}) == 3, keys
+        monkeypatch.setenv("TVM_BIND_THREADS", bind)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, chosen=frozenset(affinity): chosen)
+        keys[threads, spin, bind, len(affinity)] = (key("model", "native", 16, "0.27"),
+                                                    key("model", "native", 0, "0.27"))
+    assert len({tuned for tuned, _ in keys.values()}) == len(keys) - (len(cpus) == 1), keys
     assert len({untuned for _, untuned in keys.values()}) == 1, keys
 
 

@@ -39,8 +39,9 @@ logger = logging.getLogger(__package__)
 FORMAT_VERSION = 7  # 7: tf_op.compile unrolls loops of few steps (unroll.unrolled)
 
 #: What TVM's thread pool reads from the environment: how many threads run a
-#: parallel loop, and how long idle ones spin before sleeping (docs/compiler.md).
-_TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT")
+#: parallel loop, how long idle ones spin before sleeping, whether they are
+#: pinned (docs/compiler.md); the worker's ``TUNING_THREAD_SETTINGS``.
+_TVM_THREAD_SETTINGS = ("TVM_NUM_THREADS", "TVM_THREAD_POOL_SPIN_COUNT", "TVM_BIND_THREADS")
 
 #: What the worker reads from the environment that changes the library it
 #: makes, and each one's default (tf_op_tvm/winograd.py: ``0`` keeps 3x3
@@ -60,10 +61,12 @@ def key(fingerprint: str, target: Target, trials: int, tvm_version: str) -> str:
     for ``target`` with ``trials`` tuning trials by ``tvm_version``."""
     # A tuned compile keeps whichever of the tuned and the untuned library ran
     # faster with the worker's TVM thread settings, which it inherits from here,
-    # on this many CPUs (TVM's thread count when unset, MetaSchedule's num-cores).
+    # on this machine's CPUs and those this process may run on (the worker's
+    # TVM thread count when unset).
     threads: dict[str, str] = {}
     if trials:
-        threads = {"cpus": str(os.cpu_count()), **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
+        threads = {"cpus": str(os.cpu_count()), "affinity": str(len(os.sched_getaffinity(0))),
+                   **{name: os.environ.get(name, "") for name in _TVM_THREAD_SETTINGS}}
     settings = {name: os.environ[name] for name, default in _COMPILE_SETTINGS.items()
                 if os.environ.get(name, default) != default}
     header = json.dumps({"format": FORMAT_VERSION, "model": fingerprint, "target": target, "trials": trials,

@@ -105,7 +105,7 @@ class Progress:
         print(line, file=self._stream or sys.stderr, flush=True)
         self._said = time.perf_counter()
 
-    def _move_bar(self, measured: int, trials: int) -> bool:
+    def _move_bar(self, built: int, trials: int) -> bool:
         """Moves the bar of trials (made at the first count); False where there
         is no bar to show: tqdm missing, or a stream that is not a terminal."""
         stream = self._stream or sys.stderr
@@ -117,7 +117,7 @@ class Progress:
             if not (hasattr(stream, "isatty") and stream.isatty()):
                 return False
             self._bar = tqdm(total=trials, desc=f"tf_op.compile({self.name}) tuning", unit="trial", file=stream)
-        self._bar.update(measured - self._bar.n)
+        self._bar.update(built - self._bar.n)
         self._said = time.perf_counter()
         return True
 
