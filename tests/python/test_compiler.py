@@ -841,6 +841,56 @@ def test_tuning_chooses_each_kernel_by_timing_both_candidates_again() -> None:
     assert 1e-7 < searched and 1e-7 < default and 0.5 < searched / default < 2, out
 
 
+#: Run on the TVM Python: one product searched with more trials than a batch
+#: (the batch made 4 trials here, so that 12 make three batches).
+_EVOLUTIONARY = """
+import json, runpy, sys, tempfile, time
+import numpy as np, tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+sys.path.insert(0, sys.argv[1])
+worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+worker["search"].__globals__["TRIALS_PER_BATCH"] = 4
+said = []
+worker["search"].__globals__["progress"] = said.append
+trained = []  # the candidates each update of the cost model learnt from
+learn = ms.cost_model.XGBModel._cls.update
+ms.cost_model.XGBModel._cls.update = lambda model, context, candidates, results: (
+    trained.append(len(results)), learn(model, context, candidates, results))[1]
+worker["math_lowering"].register()
+x = relax.Var("x", relax.TensorType((64, 128), "float32"))
+bb = relax.BlockBuilder()
+with bb.function("main", [x]):
+    with bb.dataflow():
+        weight = relax.const(np.random.default_rng(0).standard_normal((128, 128)).astype("float32"))
+        y = bb.emit_output(bb.emit(relax.op.matmul(x, weight)))
+    bb.emit_func_output(y)
+target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+tasks = ms.relax_integration.extract_tasks(worker["kernels_to_tune"](bb.get(), target), target)
+database = ms.database.MemoryDatabase()
+with tempfile.TemporaryDirectory() as work_dir:
+    working = worker["search"](tasks, work_dir, 12, database, time.perf_counter())
+records = database.get_all_tuning_records()
+print(json.dumps({"tasks": len(tasks), "working": working, "records": len(records),
+                  "timed": sum(bool(r.run_secs) and all(float(t) > 0 for t in r.run_secs) for r in records),
+                  "distinct": len({str(r.trace) for r in records}), "trained": trained, "said": said}))
+"""
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in TUNING_MODULES),
+                    reason=f"tuning needs {', '.join(TUNING_MODULES)} (requirements/test.txt, the tune extra)")
+def test_tuning_with_more_trials_than_a_batch_searches_by_evolution() -> None:
+    """A kernel given more trials than one batch (``tune=True`` on a model of
+    few kernels) is searched in batches, the later ones steered by a cost model
+    trained on the earlier ones' timings: every batch is built, run and
+    recorded, each candidate a schedule not measured before."""
+    out = run_tvm_script(_EVOLUTIONARY, str(TVM_PACKAGE), timeout=300)
+    assert out["tasks"] == 1 and out["working"] == 12 and out["records"] == 12, out
+    assert out["timed"] == 12 and out["distinct"] == 12, out
+    assert out["trained"] == [4, 4, 4], out
+    assert "up to 12 each, an evolutionary search" in out["said"][0], out
+
+
 #: Run on the TVM Python: three batches of two candidates built by the
 #: worker's builder (kept processes: a set for two batches here), the builder
 #: processes after each batch and after the builder is done.
