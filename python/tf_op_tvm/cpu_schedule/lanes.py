@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 
+#: Lanes of float32 in SSE's registers: the narrowest vectors a tile is made of.
+SSE_LANES = 4
+
+
 def vector_lanes(target: Any, bits: int = 32) -> int:
     """Elements of ``bits`` bits in one of ``target``'s vector registers: from
     the features LLVM enables for it (AVX-512: 512-bit registers, AVX: 256,

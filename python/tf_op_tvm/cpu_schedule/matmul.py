@@ -26,7 +26,7 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
-from .lanes import PARALLEL_MIN_WORK, vector_lanes
+from .lanes import PARALLEL_MIN_WORK, SSE_LANES, vector_lanes
 from .rule import Rule, is_constant
 
 #: Most rows of C in one register tile: more does not cut loads further and
@@ -54,9 +54,6 @@ CHUNK_ROWS_BYTES = 8 * 1024
 #: Fewest steps of k in a chunk: fewer, and loading and storing C's tiles
 #: between chunks costs what the chunk saves.
 MIN_K_CHUNK = 16
-
-#: Lanes of float32 in SSE's registers, the narrowest vectors a tile is made of.
-SSE_LANES = 4
 
 #: Bytes of a weight beyond which each thread takes whole column tiles, not
 #: rows: a core's L2 (1 MiB on Zen 4 and Skylake-SP). With rows outermost,
