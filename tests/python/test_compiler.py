@@ -789,14 +789,10 @@ def test_tuning_skips_kernels_metaschedule_cannot_search(tmp_path: Path, caplog:
     assert searched and int(searched[1]) > 0, caplog.text
 
 
-#: Run on the TVM Python: one product's kernel made into MetaSchedule's task as
-#: the worker does, a search database holding one candidate (its default
-#: schedule) with a timing far too good to be true (1 ns: what the least of
-#: tens of noisy timings looks like beside one), and the worker's choice
-#: between that candidate and the default: the times it chose by and the
-#: record it committed.
-_CHOICE = """
-import json, runpy, sys
+#: Run on the TVM Python, before what a script adds: the worker, and the
+#: tuning task of one product (64x128 by a constant 128x128).
+_PRODUCT_TASK = """
+import json, runpy, sys, tempfile, time
 import numpy as np, tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
@@ -812,6 +808,15 @@ with bb.function("main", [x]):
     bb.emit_func_output(y)
 target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 tasks = ms.relax_integration.extract_tasks(worker["kernels_to_tune"](bb.get(), target), target)
+"""
+
+#: Run on the TVM Python: one product's kernel made into MetaSchedule's task as
+#: the worker does, a search database holding one candidate (its default
+#: schedule) with a timing far too good to be true (1 ns: what the least of
+#: tens of noisy timings looks like beside one), and the worker's choice
+#: between that candidate and the default: the times it chose by and the
+#: record it committed.
+_CHOICE = _PRODUCT_TASK + """
 search, chosen = ms.database.MemoryDatabase(), ms.database.MemoryDatabase()
 for task in tasks:
     sch = worker["cpu_schedule"].default_schedule(task.dispatched[0]["main"], target)
@@ -843,13 +848,7 @@ def test_tuning_chooses_each_kernel_by_timing_both_candidates_again() -> None:
 
 #: Run on the TVM Python: one product searched with more trials than a batch
 #: (the batch made 4 trials here, so that 12 make three batches).
-_EVOLUTIONARY = """
-import json, runpy, sys, tempfile, time
-import numpy as np, tvm
-from tvm import relax
-from tvm.s_tir import meta_schedule as ms
-sys.path.insert(0, sys.argv[1])
-worker = runpy.run_path(sys.argv[1] + "/compile_model.py", run_name="tvmdsoop_worker")
+_EVOLUTIONARY = _PRODUCT_TASK + """
 worker["search"].__globals__["TRIALS_PER_BATCH"] = 4
 said = []
 worker["search"].__globals__["progress"] = said.append
@@ -857,16 +856,6 @@ trained = []  # the candidates each update of the cost model learnt from
 learn = ms.cost_model.XGBModel._cls.update
 ms.cost_model.XGBModel._cls.update = lambda model, context, candidates, results: (
     trained.append(len(results)), learn(model, context, candidates, results))[1]
-worker["math_lowering"].register()
-x = relax.Var("x", relax.TensorType((64, 128), "float32"))
-bb = relax.BlockBuilder()
-with bb.function("main", [x]):
-    with bb.dataflow():
-        weight = relax.const(np.random.default_rng(0).standard_normal((128, 128)).astype("float32"))
-        y = bb.emit_output(bb.emit(relax.op.matmul(x, weight)))
-    bb.emit_func_output(y)
-target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
-tasks = ms.relax_integration.extract_tasks(worker["kernels_to_tune"](bb.get(), target), target)
 database = ms.database.MemoryDatabase()
 with tempfile.TemporaryDirectory() as work_dir:
     working = worker["search"](tasks, work_dir, 12, database, time.perf_counter())
