@@ -916,8 +916,9 @@ def cpu_pipeline(target: Any) -> Any:
     NHWC inputs and in the weights), LLVM vectorizes it: 2.4 to 15 times faster
     on tf_op.compile's test models here, with the same sums in the same order.
 
-    Loop nests of ``PARALLEL_MIN_WORK`` iterations or more also run their outer
-    loops on TVM's threads (``TVM_NUM_THREADS``; one thread runs them in turn)."""
+    Loop nests of ``PARALLEL_MIN_WORK`` iterations or more (elementwise ones of
+    ``ELEMENTWISE_PARALLEL_MIN_WORK``) also run their outer loops on TVM's
+    threads (``TVM_NUM_THREADS``; one thread runs them in turn)."""
     import tvm
     from tvm import relax, s_tir, tirx
     from tvm.relax.backend.cpu_generic import pipeline as cpu

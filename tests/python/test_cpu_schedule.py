@@ -528,12 +528,16 @@ sys.path.insert(0, sys.argv[1])
 from cpu_schedule import elementwise
 target = tvm.target.Target(json.loads(sys.argv[2]))
 k = te.placeholder((1, 128, 768), name="k")
+small = te.placeholder((1, 64, 128), name="small")
 x = te.placeholder((2, 56, 56, 64), name="x")
 heads = topi.reshape(k, (1, 128, 12, 64))
 cases = {
-    # attention's K, its heads' dimension after the tokens' (BERT-base)
+    # attention's K, its heads' dimension after the tokens': BERT-base's (98304
+    # elements), the transformer block's at batch 1 (8192)
     "keys": ([k], topi.reshape(topi.transpose(heads, (0, 2, 3, 1)), (12, 64, 128)),
              lambda a: a[0].reshape(128, 12, 64).transpose(1, 2, 0)),
+    "small_keys": ([small], topi.reshape(topi.transpose(topi.reshape(small, (1, 64, 4, 32)), (0, 2, 3, 1)), (4, 32, 64)),
+                   lambda a: a[0].reshape(64, 4, 32).transpose(1, 2, 0)),
     "nhwc_to_nchw": ([x], topi.transpose(x, (0, 3, 1, 2)), lambda a: a.transpose(0, 3, 1, 2)),
     # Q and V: their heads apart, each row still read contiguously
     "queries": ([k], topi.reshape(topi.transpose(heads, (0, 2, 1, 3)), (12, 128, 64)),
@@ -562,11 +566,12 @@ def test_transpositions_run_in_square_tiles(target: dict[str, str], tile: int) -
     row of its input (BERT-base's K: 84 µs; in tiles 9.4 on AVX-512, 10.5
     on AVX2, 20 on SSE2); it runs in square tiles of a vector's width instead,
     each read in vectors along its input's rows, 8 wide where 16 does not
-    divide the rows (NHWC to NCHW, 56 wide), on TVM's threads when large.
-    Work that reads along the output's rows (Q and V's heads apart) stays
-    one vectorized loop. The values are numpy's, exactly."""
+    divide the rows (NHWC to NCHW, 56 wide), on TVM's threads from 64K
+    elements. Work that reads along the output's rows (Q and V's heads apart)
+    stays one vectorized loop. The values are numpy's, exactly."""
     out = run_tvm_script(_TRANSPOSITIONS, str(TVM_PACKAGE), json.dumps(target), timeout=300)
-    assert out["keys"] == {"vector": [tile], "unrolled": True, "parallel": False, "equal": True}, out
+    assert out["keys"] == {"vector": [tile], "unrolled": True, "parallel": True, "equal": True}, out
+    assert out["small_keys"] == {"vector": [tile], "unrolled": True, "parallel": False, "equal": True}, out
     assert out["nhwc_to_nchw"] == {"vector": [min(tile, 8)], "unrolled": True, "parallel": True, "equal": True}, out
     assert not out["queries"]["unrolled"] and out["queries"]["equal"], out
 

@@ -23,7 +23,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from .fallback import channel_innermost, parallel_elementwise
-from .lanes import PARALLEL_MIN_WORK, SSE_LANES, vector_lanes
+from .lanes import ELEMENTWISE_PARALLEL_MIN_WORK, SSE_LANES, vector_lanes
 from .rule import Rule, has_reduction
 
 #: Vectors per iteration of the vectorized loop: two hide a little latency
@@ -169,7 +169,7 @@ def _tile_transposition(sch: Any, block: Any, contiguous: int, last: int, tile: 
     sch.reorder(*outer, across_outer, across, along)
     sch.vectorize(along)
     sch.unroll(across)
-    if total >= PARALLEL_MIN_WORK:
+    if total >= ELEMENTWISE_PARALLEL_MIN_WORK:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
@@ -203,7 +203,7 @@ class GatedElementwise(Rule):
         lanes = vector_lanes(target)
         if int(sch.get(channels).extent) % lanes == 0:
             sch.vectorize(sch.split(channels, [None, lanes])[1])
-        if outer and total >= PARALLEL_MIN_WORK:
+        if outer and total >= ELEMENTWISE_PARALLEL_MIN_WORK:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         return sch
 
@@ -237,5 +237,5 @@ def _vectorize(sch: Any, block: Any, total: int, lanes: int) -> None:
     else:
         outer, inner = sch.split(fused, [None, width])
         sch.vectorize(inner)
-    if total >= PARALLEL_MIN_WORK:
+    if total >= ELEMENTWISE_PARALLEL_MIN_WORK:
         sch.parallel(outer)
