@@ -792,7 +792,7 @@ def test_tuning_skips_kernels_metaschedule_cannot_search(tmp_path: Path, caplog:
 #: Run on the TVM Python, before what a script adds: the worker, and the
 #: tuning task of one product (64x128 by a constant 128x128).
 _PRODUCT_TASK = """
-import json, runpy, sys, tempfile, time
+import json, runpy, sys
 import numpy as np, tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
@@ -849,6 +849,7 @@ def test_tuning_chooses_each_kernel_by_timing_both_candidates_again() -> None:
 #: Run on the TVM Python: one product searched with more trials than a batch
 #: (the batch made 4 trials here, so that 12 make three batches).
 _EVOLUTIONARY = _PRODUCT_TASK + """
+import tempfile, time
 worker["search"].__globals__["TRIALS_PER_BATCH"] = 4
 said = []
 worker["search"].__globals__["progress"] = said.append

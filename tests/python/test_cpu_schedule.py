@@ -518,8 +518,8 @@ def test_transformer_block_whose_weights_are_inputs(tmp_path: Path) -> None:
 
 #: Run on the TVM Python: the Elementwise rule on transpositions and on
 #: injective work that reads along the output's rows, for the target of
-#: argv[2]: how each was scheduled (the vectorized loop's extent, whether a
-#: loop is unrolled) and whether it computes numpy's values.
+#: argv[2]: the kinds and extents of each one's innermost two loops, whether
+#: it runs on TVM's threads, and whether it computes numpy's values.
 _TRANSPOSITIONS = """
 import json, sys
 import numpy as np, tvm
@@ -527,22 +527,35 @@ from tvm import te, tirx, topi
 sys.path.insert(0, sys.argv[1])
 from cpu_schedule import elementwise
 target = tvm.target.Target(json.loads(sys.argv[2]))
-k = te.placeholder((1, 128, 768), name="k")
-small = te.placeholder((1, 64, 128), name="small")
+def keys(batch, tokens, heads, width):  # attention's K: its heads' dimension after the tokens'
+    k = te.placeholder((batch, tokens, heads * width), name="k")
+    split = topi.reshape(k, (batch, tokens, heads, width))
+    return [k], topi.reshape(topi.transpose(split, (0, 2, 3, 1)), (batch * heads, width, tokens)), \
+        lambda a: a.reshape(batch, tokens, heads, width).transpose(0, 2, 3, 1).reshape(batch * heads, width, tokens)
 x = te.placeholder((2, 56, 56, 64), name="x")
-heads = topi.reshape(k, (1, 128, 12, 64))
+bias = te.placeholder((64,), name="bias")
+k, scores = te.placeholder((1, 128, 768), name="k"), te.placeholder((64, 64), name="m")
+wrapping = te.placeholder((8, 64, 6), name="w")
 cases = {
-    # attention's K, its heads' dimension after the tokens': BERT-base's (98304
-    # elements), the transformer block's at batch 1 (8192)
-    "keys": ([k], topi.reshape(topi.transpose(heads, (0, 2, 3, 1)), (12, 64, 128)),
-             lambda a: a[0].reshape(128, 12, 64).transpose(1, 2, 0)),
-    "small_keys": ([small], topi.reshape(topi.transpose(topi.reshape(small, (1, 64, 4, 32)), (0, 2, 3, 1)), (4, 32, 64)),
-                   lambda a: a[0].reshape(64, 4, 32).transpose(1, 2, 0)),
+    "keys": keys(1, 128, 12, 64),  # BERT-base's, 98304 elements
+    "batched_keys": keys(2, 128, 12, 64),  # its batch and heads one dimension
+    "small_keys": keys(1, 64, 4, 32),  # the transformer block's, 8192
     "nhwc_to_nchw": ([x], topi.transpose(x, (0, 3, 1, 2)), lambda a: a.transpose(0, 3, 1, 2)),
+    "nchw_with_bias": ([x, bias], te.compute((2, 64, 56, 56), lambda n, c, h, w: x[n, h, w, c] + bias[c]),
+                       lambda a, b: a.transpose(0, 3, 1, 2) + b[:, None, None]),
+    "scaled_keys": ([k], te.compute((12, 64, 128), lambda h, d, t: k[0, t, h * 64 + d] * 0.125),
+                    lambda a: a[0].reshape(128, 12, 64).transpose(1, 2, 0) * np.float32(0.125)),
     # Q and V: their heads apart, each row still read contiguously
-    "queries": ([k], topi.reshape(topi.transpose(heads, (0, 2, 1, 3)), (12, 128, 64)),
+    "queries": ([k], topi.reshape(topi.transpose(topi.reshape(k, (1, 128, 12, 64)), (0, 2, 1, 3)), (12, 128, 64)),
                 lambda a: a[0].reshape(128, 12, 64).transpose(1, 0, 2)),
+    # one read transposed, the other along the rows
+    "mixed": ([scores], te.compute((64, 64), lambda i, j: scores[j, i] + scores[i, j]), lambda a: a.T + a),
+    # contiguous in runs of 6, which no tile fits
+    "wrapping": ([wrapping], te.compute((48, 64), lambda i, j: wrapping[i // 6, j, i % 6]),
+                 lambda a: a.transpose(0, 2, 1).reshape(48, 64)),
 }
+kinds = {tirx.ForKind.SERIAL: "serial", tirx.ForKind.PARALLEL: "parallel", tirx.ForKind.VECTORIZED: "vectorized",
+         tirx.ForKind.UNROLLED: "unrolled"}
 out = {}
 for name, (inputs, result, reference) in cases.items():
     sch = elementwise.Elementwise().apply(te.create_prim_func([*inputs, result]), target, False)
@@ -551,8 +564,7 @@ for name, (inputs, result, reference) in cases.items():
     want = reference(*data)
     got = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
     tvm.compile(sch.mod, target=target)(*[tvm.runtime.tensor(d) for d in data], got)
-    out[name] = {"vector": [int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED],
-                 "unrolled": any(l.kind == tirx.ForKind.UNROLLED for l in loops),
+    out[name] = {"tail": [[int(l.extent), kinds[l.kind]] for l in loops[-2:]],
                  "parallel": any(l.kind == tirx.ForKind.PARALLEL for l in loops),
                  "equal": bool(np.array_equal(got.numpy(), want))}
 print(json.dumps(out))
@@ -563,17 +575,27 @@ print(json.dumps(out))
                                           for target, tile in zip(TARGETS, (4, 8, 16))])
 def test_transpositions_run_in_square_tiles(target: dict[str, str], tile: int) -> None:
     """A transposition's output rows gather each lane of a vector from another
-    row of its input (BERT-base's K: 84 µs; in tiles 9.4 on AVX-512, 10.5
+    row of its input (BERT-base's K: 88 µs; in tiles 9.4 on AVX-512, 10.5
     on AVX2, 20 on SSE2); it runs in square tiles of a vector's width instead,
     each read in vectors along its input's rows, 8 wide where 16 does not
-    divide the rows (NHWC to NCHW, 56 wide), on TVM's threads from 64K
-    elements. Work that reads along the output's rows (Q and V's heads apart)
-    stays one vectorized loop. The values are numpy's, exactly."""
+    divide the rows (NHWC to NCHW, 56 wide), with a bias or a scale, its
+    batch and heads one dimension or not, on TVM's threads from 64K elements.
+    Work that reads along the output's rows (Q and V's heads apart, or one of
+    two inputs), and a read contiguous in runs no tile fits, stays one
+    vectorized loop of two vectors. The values are numpy's, exactly."""
     out = run_tvm_script(_TRANSPOSITIONS, str(TVM_PACKAGE), json.dumps(target), timeout=300)
-    assert out["keys"] == {"vector": [tile], "unrolled": True, "parallel": True, "equal": True}, out
-    assert out["small_keys"] == {"vector": [tile], "unrolled": True, "parallel": False, "equal": True}, out
-    assert out["nhwc_to_nchw"] == {"vector": [min(tile, 8)], "unrolled": True, "parallel": True, "equal": True}, out
-    assert not out["queries"]["unrolled"] and out["queries"]["equal"], out
+    assert all(case["equal"] for case in out.values()), out
+    tiled = {name: case["tail"] for name, case in out.items() if case["tail"][-2][1] == "unrolled"}
+    assert tiled == {"keys": [[tile, "unrolled"], [tile, "vectorized"]],
+                     "batched_keys": [[tile, "unrolled"], [tile, "vectorized"]],
+                     "small_keys": [[tile, "unrolled"], [tile, "vectorized"]],
+                     "nhwc_to_nchw": [[min(tile, 8), "unrolled"], [min(tile, 8), "vectorized"]],
+                     "nchw_with_bias": [[min(tile, 8), "unrolled"], [min(tile, 8), "vectorized"]],
+                     "scaled_keys": [[tile, "unrolled"], [tile, "vectorized"]]}, out
+    for name in ("queries", "mixed", "wrapping"):
+        assert out[name]["tail"][-1] == [2 * tile, "vectorized"], out
+    assert {name for name, case in out.items() if case["parallel"]} == {
+        "keys", "batched_keys", "nhwc_to_nchw", "nchw_with_bias", "scaled_keys", "queries"}, out
 
 
 #: Run on the TVM Python: the Matmul rule on batched products whose B is (K, N)

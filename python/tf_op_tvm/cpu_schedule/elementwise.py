@@ -12,7 +12,7 @@ registers and written once, in vectors of the target's width.
 A transposition (attention's K, its heads' dimension moved after the tokens')
 runs in square tiles of a vector's width instead: vectors along the output's
 last dimension would gather each of their lanes from another row of the
-input (BERT-base's K, 128 x 768 to 12 x 64 x 128: 84 µs so, 8.8 in tiles).
+input (BERT-base's K, 128 x 768 to 12 x 64 x 128: 88 µs so, 9.4 in tiles).
 """
 
 from __future__ import annotations
@@ -80,88 +80,114 @@ def schedule_elementwise(sch: Any, target: Any) -> Any:
 
 def _transposition(sch: Any, block: Any, lanes: int) -> tuple[int, int, int] | None:
     """The loops of a transposition, and the side of its square tiles: the
-    loop along which ``block`` (every producer inlined) reads its inputs
+    loop along which ``block`` (every producer inlined) reads an input
     contiguously, and its innermost, along which it writes its output
-    contiguously and reads them a row or more apart; the tile, the widest
-    vector of ``lanes`` or fewer (down to SSE's 4) that divides both. None
-    for any other block. The strides are probed: the read's flattened index
-    evaluated at the origin and one step along each loop (the reshapes and
-    transposes of a fused function index through divisions and remainders),
-    and at the tile's far corner, which must agree with them."""
+    contiguously and reads that input a tile's side or more apart; the tile,
+    the widest vector of ``lanes`` or fewer (down to SSE's 4) that divides
+    both loops and within which each read's index steps evenly along both
+    (proved, for every tile: the reshapes and transposes of a fused function
+    index through divisions and remainders, which may wrap inside a tile).
+    Other reads may be constants, or step by 0 or 1 along the first loop (a
+    bias, a scale: a vector or one value in each of the tile's rows). None
+    for any other block."""
     stmt = sch.get(block)
     loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body if loops else None
-    if (len(loops) != len(stmt.iter_vars) or not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
-        return None
+    variables = [v.var for v in stmt.iter_vars]
+    realize = sch.get(loops[-1]).body
+    if (len(loops) != len(variables) or not isinstance(realize, s_tir.SBlockRealize)
+            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))
+            or len(stmt.writes) != 1
+            or not all(r.min.same_as(var) for r, var in zip(stmt.writes[0].region, variables))):
+        return None  # not one loop per block variable, in order, writing the output in that order
     extents = [int(sch.get(loop).extent) for loop in loops]
     last = len(loops) - 1
-    contiguous = None
+    reads = []
     for read in stmt.reads:
-        strides = _read_strides(stmt, read, extents, lanes)
+        shape = _static(read.source.shape)
+        if shape is None or _static([r.extent for r in read.region]) != [1] * len(read.region):
+            return None
+        flat = _flat_index(read, shape)
+        strides = _steps(flat, variables, extents)
         if strides is None:
             return None
-        if not any(strides):
-            continue  # a scalar: the same in every lane of a tile
-        along = next((i for i, stride in enumerate(strides) if stride == 1 and i != last), None)
-        if strides[last] in (0, 1) or along is None or contiguous not in (None, along):
-            return None
-        contiguous = along
-    if contiguous is None:
+        reads.append((flat, strides))
+    transposed = [strides for _, strides in reads if abs(strides[last]) > 1 and 1 in strides[:last]]
+    if not transposed:
         return None
-    tile = next((width for width in (lanes, lanes // 2, lanes // 4) if width >= SSE_LANES
-                 and extents[contiguous] % width == 0 and extents[last] % width == 0), None)
-    return None if tile is None else (contiguous, last, tile)
+    contiguous = transposed[0].index(1)
+    if any(strides[contiguous] not in (0, 1) for _, strides in reads):
+        return None
+    for tile in (lanes, lanes // 2, lanes // 4):
+        if (tile >= SSE_LANES and extents[contiguous] % tile == 0 and extents[last] % tile == 0
+                and all(abs(strides[last]) >= tile for strides in transposed)
+                and all(_even_in_tiles(flat, strides, variables, extents, (contiguous, last), tile)
+                        for flat, strides in reads)):
+            return contiguous, last, tile
+    return None
 
 
-def _read_strides(stmt: Any, read: Any, extents: list[int], lanes: int) -> list[int] | None:
-    """Elements of ``read``'s buffer between the values ``stmt`` reads for
-    neighbouring values of each of its loops, where one tile of ``lanes`` by
-    ``lanes`` along any two of them reads at those strides; None where the
-    read is not of one element, or its index is not a number once the loops' are."""
+def _static(values: Any) -> list[int] | None:
+    return [int(v) for v in values] if all(isinstance(v, tirx.IntImm) for v in values) else None
+
+
+def _flat_index(read: Any, shape: list[int]) -> Any:
+    """The element of ``read``'s buffer it reads, as one index (row-major)."""
+    flat = read.region[0].min
+    for r, size in zip(read.region[1:], shape[1:]):
+        flat = flat * size + r.min
+    return flat
+
+
+def _steps(flat: Any, variables: list[Any], extents: list[int]) -> list[int] | None:
+    """How far ``flat`` moves for one step of each variable from the origin
+    (0 along a loop of one); None where it is not a number there."""
     from tvm.sym import Analyzer
 
-    if any(not (isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1) for r in read.region):
-        return None
-    shape = [int(d) for d in read.source.shape] if all(isinstance(d, tirx.IntImm) for d in read.source.shape) else None
-    if shape is None:
-        return None
-    variables = [v.var for v in stmt.iter_vars]
-
-    def index(point: list[int]) -> int | None:
+    def at(point: list[int]) -> int | None:
         analyzer = Analyzer()
         for var, value in zip(variables, point):
             analyzer.bind(var, tirx.const(value, var.ty.dtype))
-        flat = 0
-        for r, size in zip(read.region, shape):
-            value = analyzer.simplify(r.min)
-            if not isinstance(value, tirx.IntImm):
-                return None
-            flat = flat * size + int(value)
-        return flat
+        value = analyzer.simplify(flat)
+        return int(value) if isinstance(value, tirx.IntImm) else None
 
-    origin = [0] * len(extents)
-    start = index(origin)
-    if start is None:
-        return None
-    strides = []
-    for axis, extent in enumerate(extents):
-        step = index([int(i == axis and extent > 1) for i in range(len(extents))])
-        if step is None:
-            return None
-        strides.append(step - start if extent > 1 else 0)
-    far = [min(lanes, extent) - 1 for extent in extents]
-    if index(far) != start + sum(s * f for s, f in zip(strides, far)):
-        return None
-    return strides
+    origin = at([0] * len(variables))
+    steps = [at([int(i == axis) for i in range(len(variables))]) if extents[axis] > 1 else origin
+             for axis in range(len(variables))]
+    return None if origin is None or None in steps else [step - origin for step in steps]
+
+
+def _even_in_tiles(flat: Any, strides: list[int], variables: list[Any], extents: list[int],
+                   tiled: tuple[int, int], tile: int) -> bool:
+    """Whether, in every square tile of side ``tile`` along the ``tiled``
+    loops, ``flat`` is its value at the tile's corner plus ``strides`` times
+    the steps into the tile: each of the tile's vectors one load, or one value."""
+    import tvm
+    from tvm.sym import Analyzer
+
+    inside, corner = Analyzer(), Analyzer()
+    offset = 0
+    for axis, (var, extent) in enumerate(zip(variables, extents)):
+        if axis in tiled:
+            dtype = var.ty.dtype
+            tiles, step = tirx.Var(f"tile_{axis}", dtype), tirx.Var(f"in_tile_{axis}", dtype)
+            for analyzer in (inside, corner):
+                analyzer.bind(tiles, tvm.ir.Range(0, extent // tile))
+            inside.bind(step, tvm.ir.Range(0, tile))
+            inside.bind(var, tiles * tile + step)
+            corner.bind(var, tiles * tile)
+            offset = offset + step * strides[axis]
+        else:
+            for analyzer in (inside, corner):
+                analyzer.bind(var, tvm.ir.Range(0, extent))
+    return inside.can_prove_equal(inside.simplify(flat) - corner.simplify(flat), offset)
 
 
 def _tile_transposition(sch: Any, block: Any, contiguous: int, last: int, tile: int, total: int) -> None:
     """``block``'s two transposed loops split into square tiles of ``tile``,
     each read in vectors along ``contiguous`` (one vector from each of
     ``tile`` rows of the input), the vectors' loop unrolled, so that LLVM
-    writes the tile's columns with shuffles instead of gathering each lane
-    from memory; on TVM's threads when large."""
+    transposes the tile in registers instead of gathering each lane from
+    memory; on TVM's threads when large."""
     loops = sch.get_loops(block)
     along_outer, along = sch.split(loops[contiguous], [None, tile])
     across_outer, across = sch.split(loops[last], [None, tile])
