@@ -23,10 +23,10 @@ import dataclasses
 import math
 from typing import Any
 
-from tvm import s_tir, sym, tirx
+from tvm import sym, tirx
 
 from .lanes import vector_lanes
-from .rule import Rule, has_reduction, is_constant
+from .rule import Rule, has_reduction, is_constant, plain_loops
 
 #: Vector registers an x86 core has: 32 with AVX-512, 16 before it.
 _REGISTERS = {16: 32, 8: 16, 4: 16}
@@ -236,10 +236,8 @@ def _conv_shape(sch: Any, block: Any) -> _Conv | None:
     kinds = [int(v.iter_type) for v in stmt.iter_vars]
     if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3 or len(stmt.writes) != 1:
         return None
-    loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body if len(loops) == 7 else None
-    if (not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+    loops = plain_loops(sch, block)
+    if loops is None:
         return None
     ivars = [v.var for v in stmt.iter_vars]
     write = stmt.writes[0].region

@@ -20,11 +20,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import tirx
+from tvm.ir import Range
+from tvm.sym import Analyzer
 
 from .fallback import channel_innermost, parallel_elementwise
 from .lanes import ELEMENTWISE_PARALLEL_MIN_WORK, SSE_LANES, vector_lanes
-from .rule import Rule, has_reduction
+from .rule import Rule, has_reduction, plain_loops
 
 #: Vectors per iteration of the vectorized loop: two hide a little latency
 #: (LLVM splits the wider vector into registers of the target's width).
@@ -91,12 +93,9 @@ def _transposition(sch: Any, block: Any, lanes: int) -> tuple[int, int, int] | N
     bias, a scale: a vector or one value in each of the tile's rows). None
     for any other block."""
     stmt = sch.get(block)
-    loops = sch.get_loops(block)
+    loops = plain_loops(sch, block)
     variables = [v.var for v in stmt.iter_vars]
-    realize = sch.get(loops[-1]).body
-    if (len(loops) != len(variables) or not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))
-            or len(stmt.writes) != 1
+    if (loops is None or len(stmt.writes) != 1
             or not all(r.min.same_as(var) for r, var in zip(stmt.writes[0].region, variables))):
         return None  # not one loop per block variable, in order, writing the output in that order
     extents = [int(sch.get(loop).extent) for loop in loops]
@@ -141,7 +140,6 @@ def _flat_index(read: Any, shape: list[int]) -> Any:
 def _steps(flat: Any, variables: list[Any], extents: list[int]) -> list[int] | None:
     """How far ``flat`` moves for one step of each variable from the origin
     (0 along a loop of one); None where it is not a number there."""
-    from tvm.sym import Analyzer
 
     def at(point: list[int]) -> int | None:
         analyzer = Analyzer()
@@ -161,9 +159,6 @@ def _even_in_tiles(flat: Any, strides: list[int], variables: list[Any], extents:
     """Whether, in every square tile of side ``tile`` along the ``tiled``
     loops, ``flat`` is its value at the tile's corner plus ``strides`` times
     the steps into the tile: each of the tile's vectors one load, or one value."""
-    import tvm
-    from tvm.sym import Analyzer
-
     inside, corner = Analyzer(), Analyzer()
     offset = 0
     for axis, (var, extent) in enumerate(zip(variables, extents)):
@@ -171,14 +166,14 @@ def _even_in_tiles(flat: Any, strides: list[int], variables: list[Any], extents:
             dtype = var.ty.dtype
             tiles, step = tirx.Var(f"tile_{axis}", dtype), tirx.Var(f"in_tile_{axis}", dtype)
             for analyzer in (inside, corner):
-                analyzer.bind(tiles, tvm.ir.Range(0, extent // tile))
-            inside.bind(step, tvm.ir.Range(0, tile))
+                analyzer.bind(tiles, Range(0, extent // tile))
+            inside.bind(step, Range(0, tile))
             inside.bind(var, tiles * tile + step)
             corner.bind(var, tiles * tile)
             offset = offset + step * strides[axis]
         else:
             for analyzer in (inside, corner):
-                analyzer.bind(var, tvm.ir.Range(0, extent))
+                analyzer.bind(var, Range(0, extent))
     return inside.can_prove_equal(inside.simplify(flat) - corner.simplify(flat), offset)
 
 
@@ -244,10 +239,8 @@ def _outputs(block: Any) -> int:
 def _iterations(sch: Any, block: Any) -> int | None:
     """How many times ``block``'s loop nest runs it; None unless every extent
     is known."""
-    extents = [sch.get(loop).extent for loop in sch.get_loops(block)]
-    if not extents or not all(isinstance(n, tirx.IntImm) for n in extents):
-        return None
-    return math.prod(int(n) for n in extents)
+    extents = _static([sch.get(loop).extent for loop in sch.get_loops(block)])
+    return math.prod(extents) if extents else None
 
 
 def _vectorize(sch: Any, block: Any, total: int, lanes: int) -> None:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from .lanes import PARALLEL_MIN_WORK, SSE_LANES, vector_lanes
-from .rule import Rule, is_constant
+from .rule import Rule, is_constant, plain_loops
 
 #: Most rows of C in one register tile: more does not cut loads further and
 #: makes the unrolled body long.
@@ -319,12 +319,8 @@ def _product_axes(sch: Any, block: Any) -> tuple[list[int], list[int], int, int,
     too). None for any other block, or one whose loops are not one per block
     variable, in order."""
     stmt = sch.get(block)
-    loops = sch.get_loops(block)
-    if len(loops) != len(stmt.iter_vars) or len(stmt.writes) != 1:
-        return None
-    realize = sch.get(loops[-1]).body
-    if (not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+    loops = plain_loops(sch, block)
+    if loops is None or len(stmt.writes) != 1:
         return None
     output = stmt.writes[0]
     if not output.region:  # a scalar: a dot product, not a matrix product

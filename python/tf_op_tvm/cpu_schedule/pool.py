@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from .lanes import PARALLEL_MIN_WORK, vector_lanes
-from .rule import Rule, has_reduction
+from .rule import Rule, has_reduction, plain_loops
 
 #: The narrowest vector worth the rule: with fewer channels per vector (an odd
 #: channel count), the fallback does as well.
@@ -99,10 +99,8 @@ def _pool_channels(sch: Any, block: Any) -> int | None:
     kinds = [int(v.iter_type) for v in stmt.iter_vars]
     if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 2 or len(stmt.writes) != 1:
         return None
-    loops = sch.get_loops(block)
-    realize = sch.get(loops[-1]).body if len(loops) == 6 else None
-    if (not isinstance(realize, s_tir.SBlockRealize)
-            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+    loops = plain_loops(sch, block)
+    if loops is None:
         return None
     ivars = [v.var for v in stmt.iter_vars]
     output = stmt.writes[0]

@@ -28,6 +28,20 @@ class Rule(CPUScheduleRule):
         raise NotImplementedError
 
 
+def plain_loops(sch: Any, block: Any) -> list[Any] | None:
+    """``block``'s loops where there is one for each of its variables, in
+    order, each binding its variable (the loop nests TOPI and TE write); None
+    for any other nest."""
+    loops = sch.get_loops(block)
+    if len(loops) != len(sch.get(block).iter_vars):
+        return None
+    realize = sch.get(loops[-1]).body
+    if (not isinstance(realize, s_tir.SBlockRealize)
+            or not all(value.same_as(sch.get(loop).loop_var) for value, loop in zip(realize.iter_values, loops))):
+        return None
+    return loops
+
+
 def has_reduction(block: Any) -> bool:
     """Whether a block (its statement) reduces over some variable."""
     return any(int(v.iter_type) == tirx.IterVar.CommReduce for v in block.iter_vars)
