@@ -125,6 +125,21 @@ int dsoop_module_load(const char* path, TVMFFIObjectHandle* out, DsoopError* err
 // none is NULL, or when no library is loaded from path.
 int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, int32_t num_names);
 
+// The environment variable that keeps TVM's own thread pool for parallel loops
+// when set to "tvm" (parallel.c's pool otherwise).
+#define DSOOP_THREAD_POOL_ENV "TVMDSOOP_THREAD_POOL"
+
+// Points the parallel-loop hooks of the library loaded from path
+// (__TVMBackendParallelLaunch, __TVMBackendParallelBarrier), where TVM's loader
+// filled them, at this library's thread pool (parallel.c), unless
+// DSOOP_THREAD_POOL_ENV says "tvm". Returns how many it pointed there.
+int dsoop_parallel_install(const char* path);
+
+// The pool's launcher and barrier, with TVM's signatures
+// (tvm/runtime/c_backend_api.h: TVMBackendParallelLaunch, TVMBackendParallelBarrier).
+int dsoop_parallel_launch(void* lambda, void* cdata, int num_task);
+int dsoop_parallel_barrier(int task_id, void* penv);
+
 // Whether the dynamic loader lists an object loaded from path (the name dlopen
 // was given, which a later dlopen of path would match): 1 yes, 0 no. The walk
 // holds the loader's lock, so an object another thread is closing is either

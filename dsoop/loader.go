@@ -37,6 +37,8 @@ func loadModule(s *sealedLibrary) (C.TVMFFIObjectHandle, error) {
 		C.dsoop_object_release(handle)
 		return nil, err
 	}
+	// Before any call: its parallel loops run on dsoop's pool (parallel.c).
+	C.dsoop_parallel_install(cpath)
 	return handle, nil
 }
 
