@@ -22,6 +22,7 @@ static struct {
   int (*object_inc_ref)(TVMFFIObjectHandle);
   int (*object_dec_ref)(TVMFFIObjectHandle);
   void (*error_move_from_raised)(TVMFFIObjectHandle*);
+  void (*error_set_raised)(TVMFFIObjectHandle);
   int (*env_set_stream)(int32_t, int32_t, TVMFFIStreamHandle, TVMFFIStreamHandle*);
   int (*tensor_from_dlpack)(DLManagedTensor*, int32_t, int32_t, TVMFFIObjectHandle*);
   int (*tensor_to_dlpack)(TVMFFIObjectHandle, DLManagedTensor**);
@@ -80,6 +81,14 @@ static int take_raised_error(DsoopError* err) {
 }
 
 int dsoop_error_take_raised(DsoopError* err) { return take_raised_error(err); }
+
+TVMFFIObjectHandle dsoop_error_move_raised(void) {
+  TVMFFIObjectHandle e = NULL;
+  api.error_move_from_raised(&e);
+  return e;
+}
+
+void dsoop_error_raise(TVMFFIObjectHandle error) { api.error_set_raised(error); }
 
 // The call pointer of a function object, from its cell.
 static TVMFFISafeCallType safe_call_of(TVMFFIObjectHandle fn) {
@@ -176,6 +185,7 @@ int dsoop_runtime_init(const char* ffi_library, const char* runtime_library, Dso
   RESOLVE(object_inc_ref, "TVMFFIObjectIncRef");
   RESOLVE(object_dec_ref, "TVMFFIObjectDecRef");
   RESOLVE(error_move_from_raised, "TVMFFIErrorMoveFromRaised");
+  RESOLVE(error_set_raised, "TVMFFIErrorSetRaised");
   RESOLVE(env_set_stream, "TVMFFIEnvSetStream");
   RESOLVE(tensor_from_dlpack, "TVMFFITensorFromDLPack");
   RESOLVE(tensor_to_dlpack, "TVMFFITensorToDLPack");

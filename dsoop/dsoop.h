@@ -49,6 +49,13 @@ int dsoop_error_set(DsoopError* err, const char* kind, const char* fmt, ...)
 // Moves the error TVM raised on this thread into err; returns -1.
 int dsoop_error_take_raised(DsoopError* err);
 
+// The error object TVM raised on this thread, moved out (a new reference, for
+// dsoop_object_release), or NULL if none; and one raised again on this thread,
+// as a failing TVM function raises it (the caller keeps its reference). For an
+// error that crosses threads (parallel.c's workers).
+TVMFFIObjectHandle dsoop_error_move_raised(void);
+void dsoop_error_raise(TVMFFIObjectHandle error);
+
 // Opens the TVM-FFI library with RTLD_GLOBAL, as dsoop_runtime_init does (the
 // same handle), and reads its version with TVMFFIGetVersion, the one entry point
 // stable across every version of the C ABI. Nothing else of the library is
@@ -134,11 +141,6 @@ int32_t dsoop_library_unset_pointer(const char* path, const char* const* names, 
 // filled them, at this library's thread pool (parallel.c), unless
 // DSOOP_THREAD_POOL_ENV says "tvm". Returns how many it pointed there.
 int dsoop_parallel_install(const char* path);
-
-// The pool's launcher and barrier, with TVM's signatures
-// (tvm/runtime/c_backend_api.h: TVMBackendParallelLaunch, TVMBackendParallelBarrier).
-int dsoop_parallel_launch(void* lambda, void* cdata, int num_task);
-int dsoop_parallel_barrier(int task_id, void* penv);
 
 // Whether the dynamic loader lists an object loaded from path (the name dlopen
 // was given, which a later dlopen of path would match): 1 yes, 0 no. The walk

@@ -63,9 +63,10 @@ typedef struct {
 } Barrier;
 
 static struct {
-  pthread_mutex_t start_mu;
-  int started;  // guarded by start_mu; workers made
-  int threads;  // the caller and threads - 1 workers
+  pthread_mutex_t start_mu;  // held while the first launch makes the workers
+  // The caller and threads - 1 workers; 0 until the workers are made, read
+  // without the lock by every launch.
+  _Atomic int threads;
   long spin_count;
   uint32_t first_generation;  // generation when the workers were made
   _Atomic int busy;                // a launch runs on the pool
@@ -84,10 +85,6 @@ static struct {
 } pool = {.start_mu = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread int in_task;  // this thread runs a task: a launch from it runs alone
-
-static void (*error_move_from_raised)(TVMFFIObjectHandle*);
-static void (*error_set_raised)(TVMFFIObjectHandle);
-static int (*object_dec_ref)(TVMFFIObjectHandle);
 
 static long now_ns(void) {
   struct timespec t;
@@ -126,11 +123,10 @@ static int run_task(int32_t task) {
 // Keeps the first error a worker's task raised, for the launching thread.
 static void keep_worker_error(void) {
   atomic_store(&pool.failed, 1);
-  TVMFFIObjectHandle raised = NULL;
-  if (error_move_from_raised != NULL) error_move_from_raised(&raised);
+  TVMFFIObjectHandle raised = dsoop_error_move_raised();
   TVMFFIObjectHandle none = NULL;
   if (raised != NULL && !atomic_compare_exchange_strong(&pool.error, &none, raised)) {
-    object_dec_ref(raised);
+    dsoop_object_release(raised);
   }
 }
 
@@ -150,11 +146,18 @@ static void* worker(void* arg) {
   return NULL;
 }
 
-static int configured_threads(void) {
-  const char* value = getenv("TVM_NUM_THREADS");
+// The whole number the environment variable name holds, when it is at least least;
+// -1 when it is unset or holds anything else.
+static long env_number(const char* name, long least) {
+  const char* value = getenv(name);
   char* end = NULL;
   long n = value != NULL ? strtol(value, &end, 10) : 0;
-  if (value == NULL || end == value || *end != '\0' || n < 1) {
+  return value == NULL || end == value || *end != '\0' || n < least ? -1 : n;
+}
+
+static int configured_threads(void) {
+  long n = env_number("TVM_NUM_THREADS", 1);
+  if (n < 0) {
     cpu_set_t cpus;
     n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   }
@@ -162,17 +165,14 @@ static int configured_threads(void) {
 }
 
 static long configured_spin_count(void) {
-  const char* value = getenv("TVM_THREAD_POOL_SPIN_COUNT");
-  char* end = NULL;
-  long n = value != NULL ? strtol(value, &end, 10) : 0;
-  return value == NULL || end == value || *end != '\0' || n < 0 ? 200 : n;
+  long n = env_number("TVM_THREAD_POOL_SPIN_COUNT", 0);
+  return n < 0 ? 200 : n;
 }
 
 // A fork's child has none of the workers: it starts a pool of its own.
 static void forget_pool_in_child(void) {
   pthread_mutex_init(&pool.start_mu, NULL);
-  pool.started = 0;
-  pool.threads = 0;
+  atomic_store(&pool.threads, 0);
   atomic_store(&pool.busy, 0);
   atomic_store(&pool.sleepers, 0);
 }
@@ -196,13 +196,15 @@ static void await_value(_Atomic int32_t* value, int32_t want) {
 // The number of threads, the workers made at the first launch. Workers that
 // cannot be made leave fewer threads, never a failure.
 static int pool_threads(void) {
+  int threads = atomic_load_explicit(&pool.threads, memory_order_acquire);
+  if (threads > 0) return threads;
   pthread_mutex_lock(&pool.start_mu);
-  if (!pool.started) {
-    pool.started = 1;
+  threads = atomic_load_explicit(&pool.threads, memory_order_relaxed);
+  if (threads == 0) {
     pthread_once(&at_fork, watch_forks);
     pool.spin_count = configured_spin_count();
     int wanted = configured_threads();
-    pool.threads = 1;
+    threads = 1;
     pool.first_generation = atomic_load(&pool.generation);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -210,11 +212,11 @@ static int pool_threads(void) {
     for (int i = 1; i < wanted; ++i) {
       pthread_t thread;
       if (pthread_create(&thread, &attr, worker, (void*)(intptr_t)i) != 0) break;
-      pool.threads++;
+      threads++;
     }
     pthread_attr_destroy(&attr);
+    atomic_store_explicit(&pool.threads, threads, memory_order_release);
   }
-  int threads = pool.threads;
   pthread_mutex_unlock(&pool.start_mu);
   return threads;
 }
@@ -229,8 +231,8 @@ static int run_alone(FTVMParallelLambda lambda, void* cdata) {
   return rc == 0 ? 0 : -1;
 }
 
-int dsoop_parallel_launch(void* lambda_ptr, void* cdata, int num_task) {
-  FTVMParallelLambda lambda = (FTVMParallelLambda)lambda_ptr;
+// TVMBackendParallelLaunch's signature (tvm/runtime/c_backend_api.h).
+static int parallel_launch(FTVMParallelLambda lambda, void* cdata, int num_task) {
   if (num_task == 1 || in_task) return run_alone(lambda, cdata);
   int threads = pool_threads();
   int tasks = num_task <= 0 || num_task > threads ? threads : num_task;
@@ -254,20 +256,14 @@ int dsoop_parallel_launch(void* lambda_ptr, void* cdata, int num_task) {
   TVMFFIObjectHandle error = atomic_exchange(&pool.error, NULL);
   int failed = atomic_load(&pool.failed);
   atomic_store_explicit(&pool.busy, 0, memory_order_release);
-  if (rc != 0) {  // this thread's own error is raised already
-    if (error != NULL) object_dec_ref(error);
-    return -1;
-  }
-  if (error != NULL) {  // raised again on this thread, which adds a reference of its own
-    error_set_raised(error);
-    object_dec_ref(error);
-  }
-  return failed ? -1 : 0;
+  if (error != NULL && rc == 0) dsoop_error_raise(error);  // else this thread's own is raised already
+  dsoop_object_release(error);
+  return rc != 0 || failed ? -1 : 0;
 }
 
-int dsoop_parallel_barrier(int task_id, void* penv_ptr) {
+// TVMBackendParallelBarrier's signature (tvm/runtime/c_backend_api.h).
+static int parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
   (void)task_id;
-  TVMParallelGroupEnv* penv = (TVMParallelGroupEnv*)penv_ptr;
   Barrier* barrier = (Barrier*)penv->sync_handle;
   int32_t phase = atomic_load_explicit(&barrier->phase, memory_order_acquire);
   if (atomic_fetch_add_explicit(&barrier->arrived, 1, memory_order_acq_rel) == penv->num_task - 1) {
@@ -279,28 +275,17 @@ int dsoop_parallel_barrier(int task_id, void* penv_ptr) {
   return 0;
 }
 
-// What moves a worker's error to the launching thread, from the TVM-FFI
-// library (opened before any module is loaded).
-static void resolve_error_functions(void) {
-  *(void**)(&error_move_from_raised) = dsoop_runtime_symbol(0, "TVMFFIErrorMoveFromRaised");
-  *(void**)(&error_set_raised) = dsoop_runtime_symbol(0, "TVMFFIErrorSetRaised");
-  *(void**)(&object_dec_ref) = dsoop_runtime_symbol(0, "TVMFFIObjectDecRef");
-}
-
 int dsoop_parallel_install(const char* path) {
   const char* choice = getenv(DSOOP_THREAD_POOL_ENV);
   if (choice != NULL && strcmp(choice, "tvm") == 0) return 0;
-  static pthread_once_t resolved = PTHREAD_ONCE_INIT;
-  pthread_once(&resolved, resolve_error_functions);
-  if (error_set_raised == NULL || error_move_from_raised == NULL || object_dec_ref == NULL) return 0;
   void* library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
   if (library == NULL) return 0;
   int installed = 0;
   static const struct {
     const char* name;
     void* launcher;
-  } hooks[] = {{"__TVMBackendParallelLaunch", (void*)dsoop_parallel_launch},
-               {"__TVMBackendParallelBarrier", (void*)dsoop_parallel_barrier}};
+  } hooks[] = {{"__TVMBackendParallelLaunch", (void*)parallel_launch},
+               {"__TVMBackendParallelBarrier", (void*)parallel_barrier}};
   for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); ++i) {
     void** pointer = (void**)dlsym(library, hooks[i].name);
     // Filled by TVM's loader: a library without the runtime keeps its NULL
