@@ -116,17 +116,21 @@ func ranOnce(out []int32) int32 {
 
 // TestParallelLoopsRunOnDsoopsPool: a library's parallel loops run on dsoop's
 // pool (parallel.c) unless TVMDSOOP_THREAD_POOL=tvm keeps TVM's. On either,
-// each of a launch's tasks runs once, told how many there are, and a task's
-// error reaches the caller.
+// each of a launch's tasks runs once, told how many there are; on dsoop's, a
+// task's error reaches the caller with its kind, at every call.
 func TestParallelLoopsRunOnDsoopsPool(t *testing.T) {
 	lib := ccLibrary(t, parallelSource)
 	for _, tc := range []struct {
 		name, setting string
 		tvmPool       int32
-		kind          string // of a task's error, as the caller gets it
+		// The kind of a task's error, as the caller gets it; "" for TVM's
+		// pool, which loses a worker's error now and then (4 launches of 30
+		// returned success on two Zen 4 cores; when it does report one, it
+		// is a RuntimeError, "Task 1 error: ...").
+		kind string
 	}{
 		{name: "default", setting: "", tvmPool: 0, kind: "ValueError"},
-		{name: "TVM's pool kept", setting: "tvm", tvmPool: 1, kind: "RuntimeError"}, // TVM's: "Task 1 error: ..."
+		{name: "TVM's pool kept", setting: "tvm", tvmPool: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("TVMDSOOP_THREAD_POOL", tc.setting)
@@ -147,10 +151,15 @@ func TestParallelLoopsRunOnDsoopsPool(t *testing.T) {
 				assert.Equal(t, tasks, out[32+i], "tasks task %d was told of", i)
 			}
 
-			_, err = callParallel(m, "fail")
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tc.kind)
-			assert.Contains(t, err.Error(), fmt.Sprintf("task %d of %d failed", tasks-1, tasks))
+			if tc.kind == "" {
+				return
+			}
+			for call := 0; call < 50; call++ { // every time: a worker's error is not left to chance
+				_, err = callParallel(m, "fail")
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.kind)
+				assert.Contains(t, err.Error(), fmt.Sprintf("task %d of %d failed", tasks-1, tasks))
+			}
 		})
 	}
 }
